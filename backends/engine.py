@@ -1,0 +1,151 @@
+"""The engine-neutral model interface: what an engine must do for the speculative loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+Role = Literal["system", "user", "assistant"]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One turn of a conversation."""
+
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True)
+class VocabFacts:
+    """What the loop needs to know about a model's tokenizer."""
+
+    n_vocab: int
+    bos_id: int | None
+    eos_id: int | None
+    add_bos: bool
+    end_of_generation_ids: frozenset[int]
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """Where a loaded model went: backend, layers on the GPU, threads, context."""
+
+    model_name: str
+    backend: str  # "CUDA", "Vulkan", "Metal", "CPU", "MLX (Metal)", ...
+    n_layers: int
+    gpu_layers: int  # repeating layers offloaded to the GPU
+    kv_cache_on_gpu: bool
+    n_ctx: int
+    n_threads: int
+    load_seconds: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def placement(self) -> str:
+        """A one-line description such as "CUDA: all 24 layers on GPU, KV cache on GPU"."""
+        if self.gpu_layers <= 0:
+            return f"{self.backend}: all {self.n_layers} layers on CPU ({self.n_threads} threads)"
+        where = "all" if self.gpu_layers >= self.n_layers else f"{self.gpu_layers}/"
+        kv = "KV cache on GPU" if self.kv_cache_on_gpu else "KV cache on CPU"
+        return f"{self.backend}: {where} {self.n_layers} layers on GPU, {kv}"
+
+
+LogitRows = npt.NDArray[np.float32]
+
+
+class ModelEngine(Protocol):
+    """A loaded model with one KV-cache sequence that the speculative loop drives.
+
+    The engine keeps the list of tokens its cache holds (``cached_tokens``); the loop
+    appends with :meth:`evaluate` and rolls back with :meth:`truncate`.
+    """
+
+    @property
+    def name(self) -> str:
+        """A short display name of the model."""
+        ...
+
+    @property
+    def vocab(self) -> VocabFacts:
+        """Tokenizer facts (vocabulary size, BOS/EOS, end-of-generation ids)."""
+        ...
+
+    @property
+    def n_ctx(self) -> int:
+        """How many tokens the context (KV cache) holds."""
+        ...
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens currently in the KV cache, in order."""
+        ...
+
+    @property
+    def load_report(self) -> LoadReport:
+        """Where the model's layers went when it was loaded."""
+        ...
+
+    @property
+    def decode_seconds(self) -> float:
+        """Wall time spent inside the engine's forward passes since load (for overhead stats)."""
+        ...
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Text to token ids (``add_special`` adds BOS/EOS as the model wants)."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token's text (may be part of a UTF-8 character)."""
+        ...
+
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
+        """The model's own chat template applied to ``messages``, ready for the assistant turn."""
+        ...
+
+    def evaluate(self, tokens: Sequence[int], logit_rows: int) -> LogitRows:
+        """Append ``tokens`` to the cache; return logits for the last ``logit_rows`` of them.
+
+        The result has shape ``(logit_rows, n_vocab)`` and is only valid until the next
+        call: copy what must be kept.
+        """
+        ...
+
+    def truncate(self, n_tokens: int) -> None:
+        """Roll the KV cache back so that it holds only its first ``n_tokens`` tokens."""
+        ...
+
+    def close(self) -> None:
+        """Free the model and its context."""
+        ...
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share."""
+    limit = min(len(a), len(b))
+    for index in range(limit):
+        if a[index] != b[index]:
+            return index
+    return limit
+
+
+def sync_cache(engine: ModelEngine, context: Sequence[int], logit_rows: int = 1) -> LogitRows:
+    """Make the engine's cache hold exactly ``context`` and return the last logit rows.
+
+    Reuses the longest common prefix already in the cache (prompt caching across turns and
+    across the rounds of one generation) and evaluates only the rest. At least the last
+    token is re-evaluated when the whole context is cached already, since its logits are
+    needed.
+    """
+    if not context:
+        raise ValueError("sync_cache needs at least one token")
+    keep = min(common_prefix_length(engine.cached_tokens, context), len(context) - logit_rows)
+    if keep < len(engine.cached_tokens):
+        engine.truncate(keep)
+    return engine.evaluate(context[keep:], logit_rows)

@@ -1,0 +1,119 @@
+"""What this machine offers an engine: CPU cores and the compute backends of the llama.cpp build."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from dataclasses import dataclass
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+# ggml_backend_dev_type values (ggml-backend.h)
+_DEVICE_TYPE_NAMES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator"}
+# Backend names as the user knows them, matched against ggml's registry names.
+_GPU_BACKEND_NAMES = ("CUDA", "ROCm", "HIP", "Vulkan", "Metal", "SYCL", "OpenCL", "CANN", "MUSA")
+
+
+def physical_cores() -> int:
+    """The number of physical cores (llama.cpp runs best with one thread per core)."""
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class ComputeDevice:
+    """One device ggml can run on."""
+
+    name: str
+    description: str
+    kind: str  # "CPU", "GPU", "iGPU", "accelerator"
+    memory_free: int | None
+    memory_total: int | None
+
+
+@dataclass(frozen=True)
+class LlamaBuildInfo:
+    """The compute backends compiled into the installed llama.cpp."""
+
+    backend: str  # "CUDA", "Vulkan", "Metal", ... or "CPU"
+    supports_gpu_offload: bool
+    devices: tuple[ComputeDevice, ...]
+    system_info: str
+
+
+def _ggml_device_functions() -> ctypes.CDLL | None:
+    """Libggml with the device-enumeration functions typed, or None if unavailable."""
+    try:
+        from llama_cpp import _ggml
+    except Exception as error:  # noqa: BLE001 - an old or odd build: fall back to system info
+        log.debug("cannot load libggml for device listing: %s", error)
+        return None
+    lib: ctypes.CDLL = _ggml.libggml
+    try:
+        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+        lib.ggml_backend_dev_count.argtypes = []
+        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        lib.ggml_backend_dev_name.restype = ctypes.c_char_p
+        lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_description.restype = ctypes.c_char_p
+        lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_type.restype = ctypes.c_int
+        lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_memory.restype = None
+        lib.ggml_backend_dev_memory.argtypes = [
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_size_t),
+            ctypes.POINTER(ctypes.c_size_t),
+        ]
+    except AttributeError as error:
+        log.debug("libggml lacks device functions: %s", error)
+        return None
+    return lib
+
+
+def _list_devices() -> tuple[ComputeDevice, ...]:
+    lib = _ggml_device_functions()
+    if lib is None:
+        return ()
+    devices = []
+    for index in range(lib.ggml_backend_dev_count()):
+        device = lib.ggml_backend_dev_get(index)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+        devices.append(
+            ComputeDevice(
+                name=(lib.ggml_backend_dev_name(device) or b"").decode(errors="replace"),
+                description=(lib.ggml_backend_dev_description(device) or b"").decode(
+                    errors="replace"
+                ),
+                kind=_DEVICE_TYPE_NAMES.get(lib.ggml_backend_dev_type(device), "unknown"),
+                memory_free=free.value or None,
+                memory_total=total.value or None,
+            )
+        )
+    return tuple(devices)
+
+
+def _backend_name(devices: tuple[ComputeDevice, ...], system_info: str) -> str:
+    haystack = " ".join(d.name for d in devices if d.kind != "CPU") + " " + system_info
+    for name in _GPU_BACKEND_NAMES:
+        if name.lower() in haystack.lower():
+            return name
+    return "CPU"
+
+
+@functools.cache
+def llama_build_info() -> LlamaBuildInfo:
+    """Detect the installed llama.cpp build's backend (CUDA / Vulkan / Metal / CPU) and devices."""
+    import llama_cpp
+
+    llama_cpp.llama_backend_init()
+    system_info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    devices = _list_devices()
+    supports_offload = bool(llama_cpp.llama_supports_gpu_offload())
+    backend = _backend_name(devices, system_info) if supports_offload else "CPU"
+    return LlamaBuildInfo(backend, supports_offload, devices, system_info.strip())

@@ -1,0 +1,439 @@
+"""The llama.cpp engine: llama-cpp-python's low-level API behind the ModelEngine interface."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import jinja2.sandbox
+import numpy as np
+
+from backends.engine import ChatMessage, LoadReport, LogitRows, VocabFacts
+from backends.errors import ContextOverflowError, EngineError, ModelFileError, SettingsError
+from backends.gguf_info import read_model_info
+from backends.hardware import llama_build_info, physical_cores
+
+log = logging.getLogger(__name__)
+native_log = logging.getLogger("backends.llama_engine.native")
+
+DEFAULT_CONTEXT_SIZE = 4096
+DEFAULT_BATCH_SIZE = 512
+ALL_LAYERS = -1
+_TOKEN_PIECE_BUFFER = 256
+_PROBE_MAX_BATCH = 12  # batch sizes probed for exactness: 2 .. this
+# Fallback when a GGUF carries no chat template: ChatML, which most instruct models use.
+_CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# enum ggml_log_level
+_GGML_LOG_DEBUG = 1
+_GGML_LOG_WARN = 3
+_GGML_LOG_CONT = 5
+
+LoadProgress = Callable[[float], None]
+
+
+@dataclass(frozen=True)
+class LlamaLoadSettings:
+    """How a GGUF model is loaded into llama.cpp."""
+
+    n_ctx: int = DEFAULT_CONTEXT_SIZE  # 0 = the model's training context
+    n_batch: int = DEFAULT_BATCH_SIZE
+    gpu_layers: int = ALL_LAYERS  # -1 = all; ignored by CPU-only builds
+    n_threads: int | None = None  # None = all physical cores
+    # llama.cpp repacks CPU weights for faster kernels (about 25% faster single-token steps
+    # on AVX-512), at the price of batched logits that differ from single-token ones from a
+    # smaller batch size on; the exactness probe below measures where.
+    weight_repack: bool = True
+    # Measure at load the largest batch whose logits equal single-token logits bitwise, so
+    # that greedy verification can stay exactly plain decoding.
+    probe_exact_batch: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < 0:
+            raise SettingsError(f"context size must be >= 0, got {self.n_ctx}")
+        if self.n_batch < 1:
+            raise SettingsError(f"batch size must be >= 1, got {self.n_batch}")
+        if self.gpu_layers < ALL_LAYERS:
+            raise SettingsError(f"gpu_layers must be -1 (all) or >= 0, got {self.gpu_layers}")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise SettingsError(f"n_threads must be >= 1, got {self.n_threads}")
+
+
+class _NativeLog:
+    """Routes llama.cpp's log to Python logging and remembers the last errors for messages."""
+
+    def __init__(self) -> None:
+        import llama_cpp
+
+        self.recent_errors: list[str] = []
+        self._lock = threading.Lock()
+        self._line = ""
+        self._line_level = _GGML_LOG_DEBUG
+        # Keep the ctypes callback alive for as long as llama.cpp may call it.
+        self.callback = llama_cpp.llama_log_callback(self._on_log)
+        llama_cpp.llama_log_set(self.callback, ctypes.c_void_p(0))
+
+    def _on_log(self, level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+        message = text.decode("utf-8", errors="replace")
+        with self._lock:
+            if level != _GGML_LOG_CONT:
+                self._line_level = level
+            level = self._line_level
+            self._line += message
+            if not self._line.endswith("\n"):
+                return
+            line, self._line = self._line.strip(), ""
+        if level >= _GGML_LOG_WARN:
+            with self._lock:
+                self.recent_errors = [*self.recent_errors[-9:], line]
+            native_log.warning("%s", line)
+        else:
+            native_log.debug("%s", line)
+
+    def take_errors(self) -> str:
+        with self._lock:
+            errors, self.recent_errors = self.recent_errors, []
+        return "; ".join(e for e in errors if e)
+
+
+_native_log: _NativeLog | None = None
+_native_lock = threading.Lock()
+
+
+def _init_llama() -> _NativeLog:
+    global _native_log
+    with _native_lock:
+        if _native_log is None:
+            import llama_cpp
+
+            llama_cpp.llama_backend_init()
+            _native_log = _NativeLog()
+        return _native_log
+
+
+class LlamaEngine:
+    """A GGUF model loaded into llama.cpp with one context and one sequence."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        settings: LlamaLoadSettings | None = None,
+        *,
+        is_draft: bool = False,
+        progress: LoadProgress | None = None,
+    ) -> None:
+        import llama_cpp
+
+        self._llama = llama_cpp
+        self.settings = settings or LlamaLoadSettings()
+        self.path = Path(path)
+        self.info = read_model_info(self.path)  # clear errors for missing/corrupt files first
+        native = _init_llama()
+        native.take_errors()
+        build = llama_build_info()
+        started = time.perf_counter()
+
+        model_params = llama_cpp.llama_model_default_params()
+        # The draft always goes fully onto the GPU: it runs k times per round, so any layer
+        # left on the CPU costs more than it saves in GPU memory.
+        gpu_layers = ALL_LAYERS if is_draft else self.settings.gpu_layers
+        model_params.n_gpu_layers = 999 if gpu_layers == ALL_LAYERS else gpu_layers
+        model_params.use_extra_bufts = self.settings.weight_repack
+        self._progress_callback = None
+        if progress is not None:
+            report = progress
+
+            def on_progress(fraction: float, _user_data: ctypes.c_void_p) -> bool:
+                report(float(fraction))
+                return True
+
+            self._progress_callback = llama_cpp.llama_progress_callback(on_progress)
+            model_params.progress_callback = self._progress_callback
+        model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+        if not model:
+            detail = native.take_errors() or "llama.cpp could not load it"
+            raise ModelFileError(f"cannot load model {self.path.name}: {detail}")
+        self._model = model
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        n_layers = int(llama_cpp.llama_model_n_layer(model))
+        train_ctx = int(llama_cpp.llama_model_n_ctx_train(model))
+        n_ctx = self.settings.n_ctx or train_ctx
+        if train_ctx > 0:
+            n_ctx = min(n_ctx, train_ctx)
+        threads = self.settings.n_threads or physical_cores()
+
+        ctx_params = llama_cpp.llama_context_default_params()
+        ctx_params.n_ctx = n_ctx
+        ctx_params.n_batch = self.settings.n_batch
+        ctx_params.n_ubatch = self.settings.n_batch
+        ctx_params.n_seq_max = 1
+        ctx_params.n_threads = threads
+        ctx_params.n_threads_batch = threads
+        ctx_params.offload_kqv = True
+        ctx_params.no_perf = True
+        context = llama_cpp.llama_init_from_model(model, ctx_params)
+        if not context:
+            llama_cpp.llama_model_free(model)
+            detail = native.take_errors() or "out of memory?"
+            raise EngineError(f"cannot create a context for {self.path.name}: {detail}")
+        self._ctx = context
+        self._memory = llama_cpp.llama_get_memory(context)
+        self._n_ctx = int(llama_cpp.llama_n_ctx(context))
+        self._n_batch = int(llama_cpp.llama_n_batch(context))
+        self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        for index in range(self._n_batch):
+            self._batch.n_seq_id[index] = 1
+            self._batch.seq_id[index][0] = 0
+        self._tokens: list[int] = []
+        self._decode_seconds = 0.0
+        self._piece_cache: dict[int, bytes] = {}
+        self._closed = False
+
+        offloaded = 0
+        if build.supports_gpu_offload:
+            offloaded = n_layers if gpu_layers == ALL_LAYERS else min(gpu_layers, n_layers)
+        self._load_report = LoadReport(
+            model_name=self.info.name,
+            backend=build.backend,
+            n_layers=n_layers,
+            gpu_layers=offloaded,
+            kv_cache_on_gpu=build.supports_gpu_offload and offloaded > 0,
+            n_ctx=self._n_ctx,
+            n_threads=threads,
+            load_seconds=time.perf_counter() - started,
+        )
+        self._vocab_facts = self._read_vocab_facts()
+        self._template = self._compile_chat_template()
+        self._exact_batch_limit: int | None = None
+        if self.settings.probe_exact_batch and not is_draft:
+            self._exact_batch_limit = self._probe_exact_batch_limit()
+        log.info("loaded %s: %s", self.info.name, self._load_report.placement)
+
+    # -- facts -----------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The model's display name."""
+        return self.info.name
+
+    @property
+    def vocab(self) -> VocabFacts:
+        """Tokenizer facts."""
+        return self._vocab_facts
+
+    @property
+    def n_ctx(self) -> int:
+        """Context size in tokens."""
+        return self._n_ctx
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens in the KV cache."""
+        return self._tokens
+
+    @property
+    def load_report(self) -> LoadReport:
+        """Where the layers went."""
+        return self._load_report
+
+    @property
+    def decode_seconds(self) -> float:
+        """Time spent in llama_decode since load."""
+        return self._decode_seconds
+
+    @property
+    def exact_batch_limit(self) -> int | None:
+        """Largest batch whose logits equal single-token logits bitwise (None: not probed)."""
+        return self._exact_batch_limit
+
+    def _probe_exact_batch_limit(self) -> int:
+        """Find the largest batch size that reproduces single-token logits exactly.
+
+        Different batch sizes can take different kernels (repacked or tiled matmuls,
+        flash-attention tiles) whose rounding differs; a changed argmax would break the
+        promise that greedy speculative output is plain decoding. Costs a few dozen tokens.
+        """
+        text = "def probe(values):\n    return sorted(set(values))  # exactness probe\n"
+        sequence = self.tokenize(text, add_special=False, parse_special=False)
+        sequence = (sequence * (1 + _PROBE_MAX_BATCH // max(1, len(sequence))))[:_PROBE_MAX_BATCH]
+        start = sequence[:1]
+        body = sequence[1:]
+        self.truncate(0)
+        self.evaluate(start, 1)
+        singles = [self.evaluate([token], 1)[0].copy() for token in body]
+        limit = 1
+        for size in range(2, len(body) + 1):
+            self.truncate(1)
+            rows = self.evaluate(body[:size], size)
+            if not all(np.array_equal(rows[i], singles[i]) for i in range(size)):
+                break
+            limit = size
+        self.truncate(0)
+        if limit == len(body):
+            limit = self._n_batch  # every size probed was exact; assume all are
+        log.info("%s: batches up to %d tokens reproduce single-token logits", self.name, limit)
+        return limit
+
+    def _read_vocab_facts(self) -> VocabFacts:
+        llama = self._llama
+        bos = int(llama.llama_vocab_bos(self._vocab))
+        eos = int(llama.llama_vocab_eos(self._vocab))
+        end_ids = frozenset(
+            token for token in range(self._n_vocab) if llama.llama_vocab_is_eog(self._vocab, token)
+        )
+        return VocabFacts(
+            n_vocab=self._n_vocab,
+            bos_id=bos if bos >= 0 else None,
+            eos_id=eos if eos >= 0 else None,
+            add_bos=bool(llama.llama_vocab_get_add_bos(self._vocab)),
+            end_of_generation_ids=end_ids,
+        )
+
+    # -- text ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Tokenize with llama.cpp's tokenizer."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buffer = (self._llama.llama_token * capacity)()
+        count = self._llama.llama_tokenize(
+            self._vocab, data, len(data), buffer, capacity, add_special, parse_special
+        )
+        if count < 0:
+            capacity = -count
+            buffer = (self._llama.llama_token * capacity)()
+            count = self._llama.llama_tokenize(
+                self._vocab, data, len(data), buffer, capacity, add_special, parse_special
+            )
+        return list(buffer[:count])
+
+    def token_bytes(self, token: int) -> bytes:
+        """One token's text as bytes (special tokens render as nothing)."""
+        cached = self._piece_cache.get(token)
+        if cached is not None:
+            return cached
+        buffer = ctypes.create_string_buffer(_TOKEN_PIECE_BUFFER)
+        length = self._llama.llama_token_to_piece(
+            self._vocab, token, buffer, _TOKEN_PIECE_BUFFER, 0, False
+        )
+        if length < 0:
+            buffer = ctypes.create_string_buffer(-length)
+            length = self._llama.llama_token_to_piece(self._vocab, token, buffer, -length, 0, False)
+        piece = buffer.raw[:length]
+        self._piece_cache[token] = piece
+        return piece
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Token ids back to text."""
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def _token_text(self, token: int | None) -> str:
+        if token is None:
+            return ""
+        text = self._llama.llama_vocab_get_text(self._vocab, token)
+        return text.decode("utf-8", errors="replace") if text else ""
+
+    def _compile_chat_template(self) -> jinja2.Template:
+        source = self.info.chat_template or _CHATML_TEMPLATE
+        environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined
+        )
+
+        def raise_exception(message: str) -> None:
+            raise jinja2.TemplateError(message)
+
+        environment.globals["raise_exception"] = raise_exception
+        try:
+            return environment.from_string(source)
+        except jinja2.TemplateError as error:
+            log.warning("chat template of %s does not compile (%s); using ChatML", self.name, error)
+            return environment.from_string(_CHATML_TEMPLATE)
+
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
+        """Render the model's own chat template for the next assistant turn."""
+        try:
+            return self._template.render(
+                messages=[{"role": m.role, "content": m.content} for m in messages],
+                add_generation_prompt=True,
+                bos_token=self._token_text(self.vocab.bos_id),
+                eos_token=self._token_text(self.vocab.eos_id),
+            )
+        except jinja2.TemplateError as error:
+            raise SettingsError(f"the chat template of {self.name} failed: {error}") from error
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def evaluate(self, tokens: Sequence[int], logit_rows: int) -> LogitRows:
+        """Decode ``tokens`` after the cache in chunks of n_batch; logits of the last rows."""
+        count = len(tokens)
+        if not 1 <= logit_rows <= min(count, self._n_batch):
+            raise ValueError(
+                f"logit_rows={logit_rows} for {count} tokens (n_batch {self._n_batch})"
+            )
+        position = len(self._tokens)
+        if position + count > self._n_ctx:
+            raise ContextOverflowError(
+                f"{position + count} tokens do not fit the context of {self._n_ctx} tokens"
+            )
+        first_output = count - logit_rows
+        batch = self._batch
+        llama = self._llama
+        for start in range(0, count, self._n_batch):
+            chunk = tokens[start : start + self._n_batch]
+            for offset, token in enumerate(chunk):
+                index = start + offset
+                batch.token[offset] = token
+                batch.pos[offset] = position + index
+                batch.logits[offset] = index >= first_output
+            batch.n_tokens = len(chunk)
+            began = time.perf_counter()
+            status = llama.llama_decode(self._ctx, batch)
+            self._decode_seconds += time.perf_counter() - began
+            if status != 0:
+                # Keep our token list true to what the cache may now hold.
+                self.truncate(position + start)
+                detail = self._native_errors() or f"llama_decode returned {status}"
+                raise EngineError(f"{self.name}: evaluation failed: {detail}")
+            self._tokens.extend(chunk)
+        pointer = llama.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(pointer, shape=(logit_rows, self._n_vocab))
+
+    def _native_errors(self) -> str:
+        return _native_log.take_errors() if _native_log is not None else ""
+
+    def truncate(self, n_tokens: int) -> None:
+        """Drop cached tokens from position ``n_tokens`` on."""
+        if n_tokens >= len(self._tokens):
+            return
+        n_tokens = max(0, n_tokens)
+        if not self._llama.llama_memory_seq_rm(self._memory, 0, n_tokens, -1):
+            # Recurrent caches cannot drop a partial sequence: start over.
+            self._llama.llama_memory_clear(self._memory, True)
+            del self._tokens[:]
+            return
+        del self._tokens[n_tokens:]
+
+    def close(self) -> None:
+        """Free the batch, context and model (safe to call twice)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._llama.llama_batch_free(self._batch)
+        self._llama.llama_free(self._ctx)
+        self._llama.llama_model_free(self._model)
+
+    def __enter__(self) -> LlamaEngine:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -1,0 +1,26 @@
+"""Where SpecDeck keeps its data: the user data dir, overridable for tests and portable installs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "SpecDeck"
+DATA_DIR_ENV = "SPECDECK_DATA_DIR"
+MODELS_DIR_ENV = "SPECDECK_MODELS_DIR"
+
+
+def user_data_dir() -> Path:
+    """The folder for chats, settings and models (``$SPECDECK_DATA_DIR`` wins)."""
+    override = os.environ.get(DATA_DIR_ENV)
+    return (
+        Path(override) if override else Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+    )
+
+
+def models_dir() -> Path:
+    """SpecDeck's own model folder (``$SPECDECK_MODELS_DIR`` wins, else ``<data dir>/models``)."""
+    override = os.environ.get(MODELS_DIR_ENV)
+    return Path(override) if override else user_data_dir() / "models"

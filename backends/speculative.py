@@ -1,0 +1,634 @@
+"""The speculative decoding loop, written once for every engine: draft, verify, accept, account.
+
+One round: the drafter proposes up to ``k`` tokens; the target evaluates the pending
+context plus those tokens in one batch; verification keeps the longest acceptable prefix
+and adds one token of the target's own (the correction after a rejection, or a bonus token
+when every draft token was accepted).
+
+Verification at temperature 0 accepts while the draft token is the target's argmax, so the
+text is exactly plain greedy decoding. At temperature > 0 it is the modified rejection
+sampling of Leviathan et al. 2023 (arXiv 2211.17192, Algorithm 1) and Chen et al. 2023
+(arXiv 2302.01318): accept draft token x with probability min(1, p(x)/q(x)), otherwise
+sample from normalize(max(0, p − q)); the emitted tokens follow the target's distribution
+exactly. ``verification="sample-match"`` instead samples the target and compares (what
+llama.cpp's server and mlx-lm do): also lossless, but it accepts less often.
+
+Draft-token accounting follows LM Studio's names:
+
+- accepted: drafted tokens the target kept and that were emitted;
+- rejected: the first refused token of a draft and every token after it;
+- ignored: drafted tokens never used, because the draft was shorter than ``draft_min``
+  or generation stopped (end of generation, max tokens, stop string, cancel) first;
+
+so ``total = accepted + rejected + ignored`` always holds.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import numpy as np
+
+from backends.engine import ChatMessage, LogitRows, ModelEngine, sync_cache
+from backends.errors import ContextOverflowError, SettingsError
+from backends.sampling import (
+    ProbArray,
+    SamplingSettings,
+    probabilities,
+    residual_distribution,
+    sample,
+    top_probability,
+)
+
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Iterator, Sequence
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DRAFT_MAX = 3  # llama.cpp's --spec-draft-n-max default
+DEFAULT_DRAFT_MIN = 0
+DEFAULT_P_MIN = 0.75  # llama.cpp's --spec-draft-p-min default
+DEFAULT_MAX_TOKENS = 512
+
+Verification = Literal["rejection", "sample-match"]
+StopReason = Literal["eos", "max_tokens", "stop_string", "cancelled", "context_full"]
+
+
+class TokenOrigin(StrEnum):
+    """Who produced an emitted token."""
+
+    DRAFT = "draft"  # drafted and accepted by the target
+    TARGET = "target"  # the target's own token (plain step, correction or bonus)
+
+
+@dataclass(frozen=True)
+class EmittedToken:
+    """One generated token, its text (possibly empty mid-character) and its origin."""
+
+    token_id: int
+    text: str
+    origin: TokenOrigin
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Everything that shapes one generation besides the prompt and the models."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    draft_max: int = DEFAULT_DRAFT_MAX
+    draft_min: int = DEFAULT_DRAFT_MIN
+    p_min: float = DEFAULT_P_MIN
+    stop_strings: tuple[str, ...] = ()
+    verification: Verification = "rejection"
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise SettingsError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.draft_max < 1:
+            raise SettingsError(f"draft_max must be >= 1, got {self.draft_max}")
+        if not 0 <= self.draft_min <= self.draft_max:
+            raise SettingsError(
+                f"draft_min must be between 0 and draft_max ({self.draft_max}), "
+                f"got {self.draft_min}"
+            )
+        if not 0.0 <= self.p_min <= 1.0:
+            raise SettingsError(f"p_min must be in [0, 1], got {self.p_min}")
+        if any(not stop for stop in self.stop_strings):
+            raise SettingsError("stop strings must not be empty")
+        if self.verification not in ("rejection", "sample-match"):
+            raise SettingsError(
+                f"verification must be 'rejection' or 'sample-match', got {self.verification!r}"
+            )
+
+
+@dataclass
+class SpeculationStats:
+    """Live and final statistics of one generation (LM Studio's names where it has them)."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0
+    total_draft_tokens_count: int = 0
+    accepted_draft_tokens_count: int = 0
+    rejected_draft_tokens_count: int = 0
+    ignored_draft_tokens_count: int = 0
+    # verified_at_position[i]: drafts whose (i+1)-th token reached verification
+    verified_at_position: list[int] = field(default_factory=list)
+    accepted_at_position: list[int] = field(default_factory=list)
+    draft_length_counts: dict[int, int] = field(default_factory=dict)
+    time_to_first_token_sec: float | None = None
+    generation_seconds: float = 0.0  # from the first token to the last
+    total_seconds: float = 0.0  # from the start of prompt processing to the last token
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    engine_seconds: float = 0.0  # inside the engines' forward passes (draft and target)
+    stop_reason: StopReason | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted, as LM Studio reports it (None before anything was drafted)."""
+        if self.total_draft_tokens_count == 0:
+            return None
+        return self.accepted_draft_tokens_count / self.total_draft_tokens_count
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generation speed after the first token (prompt processing excluded)."""
+        if self.generated_tokens <= 1 or self.generation_seconds <= 0.0:
+            if self.total_seconds > 0.0:
+                return self.generated_tokens / self.total_seconds
+            return 0.0
+        return (self.generated_tokens - 1) / self.generation_seconds
+
+    @property
+    def acceptance_by_position(self) -> list[float | None]:
+        """For each draft position, the share of drafts reaching it whose token there was kept."""
+        return [
+            accepted / verified if verified else None
+            for accepted, verified in zip(
+                self.accepted_at_position, self.verified_at_position, strict=True
+            )
+        ]
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Time of the loop outside the engines' forward passes (Python, sampling, copies)."""
+        return max(0.0, self.total_seconds - self.engine_seconds)
+
+    def snapshot(self) -> SpeculationStats:
+        """A copy safe to hand to another thread."""
+        return replace(
+            self,
+            verified_at_position=list(self.verified_at_position),
+            accepted_at_position=list(self.accepted_at_position),
+            draft_length_counts=dict(self.draft_length_counts),
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain data for JSON output (counts, timings, rates)."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "rounds": self.rounds,
+            "total_draft_tokens_count": self.total_draft_tokens_count,
+            "accepted_draft_tokens_count": self.accepted_draft_tokens_count,
+            "rejected_draft_tokens_count": self.rejected_draft_tokens_count,
+            "ignored_draft_tokens_count": self.ignored_draft_tokens_count,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_by_position": self.acceptance_by_position,
+            "draft_length_counts": {str(k): v for k, v in sorted(self.draft_length_counts.items())},
+            "tokens_per_second": self.tokens_per_second,
+            "time_to_first_token_sec": self.time_to_first_token_sec,
+            "generation_seconds": self.generation_seconds,
+            "total_seconds": self.total_seconds,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+            "engine_seconds": self.engine_seconds,
+            "overhead_seconds": self.overhead_seconds,
+            "stop_reason": self.stop_reason,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationUpdate:
+    """What one round produced: newly released tokens and the stats so far."""
+
+    tokens: tuple[EmittedToken, ...]
+    stats: SpeculationStats
+    finished: bool
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """A finished generation: its tokens with their origins, its text and its stats."""
+
+    tokens: tuple[EmittedToken, ...]
+    stats: SpeculationStats
+
+    @property
+    def text(self) -> str:
+        """The generated text (stop string and end-of-generation token excluded)."""
+        return "".join(token.text for token in self.tokens)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The generated token ids."""
+        return [token.token_id for token in self.tokens]
+
+
+@dataclass
+class Draft:
+    """Proposed tokens and, when they were sampled, the draft distribution q of each."""
+
+    tokens: list[int]
+    distributions: list[ProbArray] | None  # None: deterministic (greedy or lookup) drafts
+
+
+class Drafter(Protocol):
+    """Proposes the next tokens of a context."""
+
+    @property
+    def name(self) -> str:
+        """What the drafter is, for reports ("none", "draft model 'Qwen…'")."""
+        ...
+
+    def draft(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        rng: np.random.Generator,
+        cancel: threading.Event | None,
+    ) -> Draft:
+        """Propose at most ``max_tokens`` tokens to follow ``context``."""
+        ...
+
+    def engine_seconds(self) -> float:
+        """Wall time the drafter spent in forward passes so far."""
+        ...
+
+
+class NoDrafter:
+    """Plain decoding through the same loop: never drafts."""
+
+    name = "none"
+
+    def draft(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        rng: np.random.Generator,
+        cancel: threading.Event | None,
+    ) -> Draft:
+        """Propose nothing."""
+        return Draft(tokens=[], distributions=None)
+
+    def engine_seconds(self) -> float:
+        """No forward passes."""
+        return 0.0
+
+
+class DraftModelDrafter:
+    """Drafts with a small model sharing the target's tokenizer.
+
+    Greedy at temperature 0; at temperature > 0 the tokens are sampled from the draft's own
+    distribution q (with the same sampling transform as the target), and q is handed to the
+    rejection sampler. Drafting stops early once the draft's top probability falls below
+    ``p_min``, or after an end-of-generation token.
+    """
+
+    def __init__(
+        self,
+        engine: ModelEngine,
+        p_min: float = DEFAULT_P_MIN,
+        sampling: SamplingSettings | None = None,
+    ) -> None:
+        self.engine = engine
+        self.p_min = p_min
+        # The draft may sample with its own settings (q is recorded either way, so the
+        # output still follows the target); None uses the target's settings.
+        self.sampling = sampling
+        self._end_ids = engine.vocab.end_of_generation_ids
+
+    @property
+    def name(self) -> str:
+        """The draft model's name."""
+        return f"draft model '{self.engine.name}'"
+
+    def engine_seconds(self) -> float:
+        """Time in the draft model's forward passes."""
+        return self.engine.decode_seconds
+
+    def draft(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        rng: np.random.Generator,
+        cancel: threading.Event | None,
+    ) -> Draft:
+        """Run the draft model for up to ``max_tokens`` steps after catching its cache up."""
+        if self.sampling is not None and not sampling.greedy:
+            sampling = self.sampling
+        tokens: list[int] = []
+        distributions: list[ProbArray] | None = None if sampling.greedy else []
+        if max_tokens <= 0:
+            return Draft(tokens, distributions)
+        rows = sync_cache(self.engine, context)
+        for step in range(max_tokens):
+            row = rows[-1]
+            if distributions is None:
+                token = int(np.argmax(row))
+                if self.p_min > 0.0 and top_probability(row, sampling) < self.p_min:
+                    break
+            else:
+                q = probabilities(row, sampling)
+                if float(q.max()) < self.p_min:
+                    break
+                token = sample(q, rng)
+                distributions.append(q)
+            tokens.append(token)
+            last_step = step + 1 == max_tokens
+            if last_step or token in self._end_ids or (cancel is not None and cancel.is_set()):
+                break
+            rows = self.engine.evaluate([token], 1)
+        return Draft(tokens, distributions)
+
+
+class _StopStringWatcher:
+    """Holds back text that may be the start of a stop string; finds complete ones."""
+
+    def __init__(self, stop_strings: Sequence[str]) -> None:
+        self.stop_strings = tuple(stop_strings)
+        self._longest = max((len(s) for s in self.stop_strings), default=0)
+
+    def find(self, text: str, search_from: int) -> int | None:
+        """Index in ``text`` where the earliest complete stop string starts, if any."""
+        if not self.stop_strings:
+            return None
+        start = max(0, search_from - self._longest + 1)
+        hits = [i for s in self.stop_strings if (i := text.find(s, start)) >= 0]
+        return min(hits) if hits else None
+
+    def safe_length(self, text: str) -> int:
+        """How much of ``text`` can be released without hiding a stop string's beginning."""
+        for cut in range(max(0, len(text) - self._longest + 1), len(text)):
+            tail = text[cut:]
+            if any(s.startswith(tail) for s in self.stop_strings):
+                return cut
+        return len(text)
+
+
+class SpeculativeDecoder:
+    """Generates from a target engine with a drafter; yields updates round by round."""
+
+    def __init__(self, target: ModelEngine, drafter: Drafter | None = None) -> None:
+        self.target = target
+        self.drafter: Drafter = drafter if drafter is not None else NoDrafter()
+
+    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Apply the target's chat template and tokenize, as the model expects."""
+        prompt = self.target.chat_prompt(messages)
+        return self.target.tokenize(prompt, add_special=True, parse_special=True)
+
+    def generate(
+        self,
+        prompt_tokens: Sequence[int],
+        settings: GenerationSettings,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[GenerationUpdate]:
+        """Yield one update per round; the last one has ``finished=True`` and final stats."""
+        run = _Generation(self.target, self.drafter, list(prompt_tokens), settings, cancel)
+        return run.rounds()
+
+    def run(
+        self,
+        prompt_tokens: Sequence[int],
+        settings: GenerationSettings,
+        cancel: threading.Event | None = None,
+    ) -> GenerationResult:
+        """Generate to the end and collect the tokens and the final stats."""
+        tokens: list[EmittedToken] = []
+        stats = SpeculationStats()
+        for update in self.generate(prompt_tokens, settings, cancel):
+            tokens.extend(update.tokens)
+            stats = update.stats
+        return GenerationResult(tuple(tokens), stats)
+
+
+class _Generation:
+    """The state of one generation; ``rounds()`` drives it."""
+
+    def __init__(
+        self,
+        target: ModelEngine,
+        drafter: Drafter,
+        prompt: list[int],
+        settings: GenerationSettings,
+        cancel: threading.Event | None,
+    ) -> None:
+        if not prompt:
+            raise SettingsError("the prompt is empty")
+        if len(prompt) >= target.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt is {len(prompt)} tokens but the context holds {target.n_ctx}; "
+                "shorten the prompt or raise the context size"
+            )
+        self.target = target
+        self.drafter = drafter
+        self.settings = settings
+        self.sampling = settings.sampling
+        self.cancel = cancel
+        self.rng = np.random.default_rng(self.sampling.seed)
+        self.context = list(prompt)
+        self.end_ids = target.vocab.end_of_generation_ids
+        self.stats = SpeculationStats(prompt_tokens=len(prompt))
+        self.stats.verified_at_position = [0] * settings.draft_max
+        self.stats.accepted_at_position = [0] * settings.draft_max
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.stop_watch = _StopStringWatcher(settings.stop_strings)
+        self.text = ""  # all generated text so far
+        self.released_chars = 0  # how much of ``text`` was handed out in updates
+        self.held: list[EmittedToken] = []  # emitted tokens whose text is not released yet
+        self.finished = False
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def rounds(self) -> Iterator[GenerationUpdate]:
+        started = time.perf_counter()
+        engine_start = self._engine_seconds()
+        first_token_at: float | None = None
+        while not self.finished:
+            if self.cancel is not None and self.cancel.is_set():
+                self._finish("cancelled")
+                break
+            room = self.target.n_ctx - len(self.context)
+            if room <= 0:
+                self._finish("context_full")
+                break
+            self._one_round(first_round=first_token_at is None, room=room)
+            now = time.perf_counter()
+            if first_token_at is None:
+                first_token_at = now
+                self.stats.time_to_first_token_sec = now - started
+            self.stats.total_seconds = now - started
+            self.stats.generation_seconds = now - first_token_at
+            self.stats.engine_seconds = self._engine_seconds() - engine_start
+            if not self.finished:
+                yield GenerationUpdate(self._release(final=False), self.stats.snapshot(), False)
+        now = time.perf_counter()
+        self.stats.total_seconds = now - started
+        if first_token_at is not None:
+            self.stats.generation_seconds = now - first_token_at
+        self.stats.engine_seconds = self._engine_seconds() - engine_start
+        yield GenerationUpdate(self._release(final=True), self.stats.snapshot(), True)
+
+    def _engine_seconds(self) -> float:
+        return self.target.decode_seconds + self.drafter.engine_seconds()
+
+    def _one_round(self, *, first_round: bool, room: int) -> None:
+        remaining = self.settings.max_tokens - self.stats.generated_tokens
+        # Drafting past the token budget or the context would only produce ignored tokens.
+        # The first round is the prompt's own forward pass: the first token comes from the
+        # target alone, so time-to-first-token is the same with and without speculation.
+        budget = 0 if first_round else min(self.settings.draft_max, remaining - 1, room - 1)
+        draft = Draft([], None)
+        if budget > 0:
+            started = time.perf_counter()
+            draft = self.drafter.draft(self.context, budget, self.sampling, self.rng, self.cancel)
+            self.stats.draft_seconds += time.perf_counter() - started
+            self.stats.total_draft_tokens_count += len(draft.tokens)
+            if draft.tokens and len(draft.tokens) < self.settings.draft_min:
+                self.stats.ignored_draft_tokens_count += len(draft.tokens)
+                draft = Draft([], None)
+        if self.cancel is not None and self.cancel.is_set():
+            self.stats.ignored_draft_tokens_count += len(draft.tokens)
+            self._finish("cancelled")
+            return
+        started = time.perf_counter()
+        accepted, own_token = self._verify(draft)
+        self.stats.verify_seconds += time.perf_counter() - started
+        self.stats.rounds += 1
+        self.stats.draft_length_counts[len(draft.tokens)] = (
+            self.stats.draft_length_counts.get(len(draft.tokens), 0) + 1
+        )
+        self.stats.rejected_draft_tokens_count += len(draft.tokens) - accepted
+        for index, token in enumerate(draft.tokens[:accepted]):
+            if self.finished:
+                self.stats.ignored_draft_tokens_count += accepted - index
+                return
+            self.stats.accepted_draft_tokens_count += 1
+            self._emit(token, TokenOrigin.DRAFT)
+        if not self.finished:
+            self._emit(own_token, TokenOrigin.TARGET)
+
+    def _target_rows(self, proposed: list[int]) -> Iterator[LogitRows]:
+        """The target's logit rows 0..k for ``context + proposed``, evaluated lazily in chunks.
+
+        Row j is the target's prediction after ``proposed[:j]``. At temperature 0 the batch
+        is split into chunks no larger than the engine's exact batch limit, so every row is
+        bitwise what plain one-token-at-a-time decoding computes; a rejection ends the
+        round before later chunks are evaluated.
+        """
+        total_rows = len(proposed) + 1
+        chunk = total_rows
+        limit = getattr(self.target, "exact_batch_limit", None)
+        if self.sampling.greedy and limit is not None and limit >= 2:
+            chunk = min(total_rows, limit)
+        sequence = self.context + proposed
+        first = 0
+        while first < total_rows:
+            last = min(total_rows, first + chunk) - 1
+            rows = sync_cache(
+                self.target, sequence[: len(self.context) + last], logit_rows=last - first + 1
+            )
+            yield from rows
+            first = last + 1
+
+    def _verify(self, draft: Draft) -> tuple[int, int]:
+        """Evaluate the draft with the target; return (accepted count, the target's token)."""
+        proposed = draft.tokens
+        positions = self.stats.verified_at_position
+        accepted_at = self.stats.accepted_at_position
+        greedy = self.sampling.greedy
+        for index, row in enumerate(self._target_rows(proposed)):
+            if index == len(proposed):
+                # Every draft token was accepted: the last row gives a bonus token.
+                return index, int(np.argmax(row)) if greedy else sample(
+                    probabilities(row, self.sampling), self.rng
+                )
+            token = proposed[index]
+            positions[index] += 1
+            if greedy:
+                best = int(np.argmax(row))
+                if best != token:
+                    return index, best
+            else:
+                p = probabilities(row, self.sampling)
+                if self.settings.verification == "sample-match":
+                    own = sample(p, self.rng)
+                    if own != token:
+                        return index, own
+                elif draft.distributions is not None:
+                    q = draft.distributions[index]
+                    ratio = p[token] / q[token] if q[token] > 0.0 else 0.0
+                    if self.rng.random() >= min(1.0, ratio):
+                        return index, sample(residual_distribution(p, q), self.rng)
+                elif self.rng.random() >= p[token]:
+                    # A deterministic draft is a point mass q = 1 at the proposed token:
+                    # accept with probability p(x); the residual max(0, p - q) is p without x.
+                    residual = p.copy()
+                    residual[token] = 0.0
+                    return index, sample(residual / residual.sum(), self.rng)
+            accepted_at[index] += 1
+        raise AssertionError("the target produced fewer rows than asked for")
+
+    # -- emitting tokens -------------------------------------------------------------------
+
+    def _emit(self, token: int, origin: TokenOrigin) -> None:
+        if token in self.end_ids:
+            self._finish("eos")
+            return
+        self.context.append(token)
+        self.stats.generated_tokens += 1
+        piece = self.decoder.decode(self.target.token_bytes(token))
+        search_from = len(self.text)
+        self.text += piece
+        self.held.append(EmittedToken(token, piece, origin))
+        stop_at = self.stop_watch.find(self.text, search_from)
+        if stop_at is not None:
+            self._cut_at_stop_string(stop_at)
+            self._finish("stop_string")
+        elif self.stats.generated_tokens >= self.settings.max_tokens:
+            self._finish("max_tokens")
+
+    def _cut_at_stop_string(self, stop_at: int) -> None:
+        """Drop the stop string and everything after it from the held tokens."""
+        kept: list[EmittedToken] = []
+        position = self.released_chars
+        for token in self.held:
+            if position >= stop_at:
+                break
+            room = stop_at - position
+            text = token.text if len(token.text) <= room else token.text[:room]
+            kept.append(replace(token, text=text))
+            position += len(token.text)
+        self.held = kept
+        self.text = self.text[:stop_at]
+
+    def _finish(self, reason: StopReason) -> None:
+        if not self.finished:
+            self.finished = True
+            self.stats.stop_reason = reason
+
+    def _release(self, *, final: bool) -> tuple[EmittedToken, ...]:
+        """Hand out held tokens, keeping back those that may begin a stop string."""
+        if final:
+            tail = self.decoder.decode(b"", final=True)
+            if tail and self.held:
+                last = self.held[-1]
+                self.held[-1] = replace(last, text=last.text + tail)
+            everything = tuple(self.held)
+            self.held = []
+            return everything
+        safe_end = self.released_chars + self.stop_watch.safe_length(
+            self.text[self.released_chars :]
+        )
+        released: list[EmittedToken] = []
+        position = self.released_chars
+        for token in self.held:
+            if position + len(token.text) > safe_end:
+                break
+            released.append(token)
+            position += len(token.text)
+        self.held = self.held[len(released) :]
+        self.released_chars = position
+        return tuple(released)

@@ -1,0 +1,1 @@
+"""SpecDeck's PySide6 window (built on the engines of `backends`)."""

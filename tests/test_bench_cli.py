@@ -1,0 +1,157 @@
+"""`specdeck-bench` as a user runs it: a real subprocess, JSON output, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+BENCH = [sys.executable, "-m", "backends.bench"]
+
+
+def run_bench(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*BENCH, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_json_output_on_self_speculation(smollm_path: Path) -> None:
+    done = run_bench(
+        "--main",
+        smollm_path,
+        "--draft",
+        smollm_path,
+        "--max-tokens",
+        "40",
+        "--draft-max",
+        "4",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert set(data) >= {"baseline", "speculative", "speedup", "identical"}
+    for run in ("baseline", "speculative"):
+        assert set(data[run]) >= {
+            "text",
+            "tokens",
+            "tokens_per_second",
+            "time_to_first_token_sec",
+            "stop_reason",
+        }
+        assert data[run]["tokens_per_second"] > 0
+    spec = data["speculative"]
+    assert spec["total_draft_tokens_count"] == (
+        spec["accepted_draft_tokens_count"]
+        + spec["rejected_draft_tokens_count"]
+        + spec["ignored_draft_tokens_count"]
+    )
+    assert 0.0 <= spec["acceptance_rate"] <= 1.0
+    assert data["identical"] is True
+    assert data["baseline"]["text"] == spec["text"]
+    assert data["speedup"] == pytest.approx(
+        spec["tokens_per_second"] / data["baseline"]["tokens_per_second"]
+    )
+
+
+def test_table_output_and_sampling(smollm_path: Path, tmp_path: Path) -> None:
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("Write a haiku about autumn.", encoding="utf-8")
+    done = run_bench(
+        "--main",
+        smollm_path,
+        "--draft",
+        smollm_path,
+        "--prompt-file",
+        prompt_file,
+        "--max-tokens",
+        "24",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "4",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "speedup:" in done.stdout
+    assert "draft tokens:" in done.stdout
+    assert "acceptance by draft position" in done.stdout
+    # No identity verdict with sampling.
+    assert "identical text" not in done.stdout
+
+
+def test_sampled_json_has_null_identical(smollm_path: Path) -> None:
+    done = run_bench(
+        "--main",
+        smollm_path,
+        "--draft",
+        smollm_path,
+        "--max-tokens",
+        "16",
+        "--temperature",
+        "0.9",
+        "--seed",
+        "1",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["identical"] is None
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("specdeck-bench: error:"), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_missing_model_file(tmp_path: Path, smollm_path: Path) -> None:
+    missing = tmp_path / "nope.gguf"
+    assert_one_line_error(run_bench("--main", missing, "--draft", smollm_path), "nope.gguf")
+
+
+def test_not_a_gguf_file(tmp_path: Path, smollm_path: Path) -> None:
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("this is not a model\n" * 10)
+    assert_one_line_error(run_bench("--main", fake, "--draft", smollm_path), "fake.gguf")
+
+
+def test_truncated_gguf_file(tmp_path: Path, smollm_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    data = smollm_path.read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    assert_one_line_error(run_bench("--main", smollm_path, "--draft", cut), "cut.gguf")
+
+
+def test_incompatible_pair(gemma_path: Path, smollm_path: Path) -> None:
+    assert_one_line_error(
+        run_bench("--main", gemma_path, "--draft", smollm_path), "incompatible pair"
+    )
+
+
+def test_prompt_longer_than_context(smollm_path: Path) -> None:
+    done = run_bench(
+        "--main", smollm_path, "--draft", smollm_path, "--ctx", "64", "--prompt", "word " * 1000
+    )
+    assert_one_line_error(done, "context")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--draft-max", "0"), "draft_max"),
+        (("--temperature", "-1"), "temperature"),
+        (("--max-tokens", "0"), "max_tokens"),
+        (("--top-p", "0"), "top_p"),
+        (("--ctx", "0"), "--ctx"),
+    ],
+)
+def test_impossible_settings(smollm_path: Path, args: tuple[str, ...], needle: str) -> None:
+    assert_one_line_error(run_bench("--main", smollm_path, "--draft", smollm_path, *args), needle)

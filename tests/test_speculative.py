@@ -1,0 +1,300 @@
+"""The speculative loop on real models: lossless at temperature 0, stats, rollback, cancel."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from backends.engine import LogitRows, common_prefix_length
+from backends.errors import ContextOverflowError, SettingsError
+from backends.sampling import SamplingSettings
+from backends.speculative import (
+    DraftModelDrafter,
+    GenerationResult,
+    GenerationSettings,
+    SpeculationStats,
+    SpeculativeDecoder,
+    TokenOrigin,
+)
+from tests.conftest import user
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from backends.llama_engine import LlamaEngine
+
+CODE_PROMPTS = [
+    "Write a quicksort function in Python.",
+    "Write a Python function that checks whether a string is a palindrome, with a docstring.",
+]
+PROSE_PROMPTS = [
+    "Explain in a short paragraph why the sky is blue.",
+]
+QWEN_TOKENS = 48
+SMOLLM_TOKENS = 96
+
+
+def assert_stats_add_up(stats: SpeculationStats, result: GenerationResult) -> None:
+    total = (
+        stats.accepted_draft_tokens_count
+        + stats.rejected_draft_tokens_count
+        + stats.ignored_draft_tokens_count
+    )
+    assert stats.total_draft_tokens_count == total
+    drafted_tokens = sum(1 for t in result.tokens if t.origin is TokenOrigin.DRAFT)
+    # An accepted end-of-generation token counts as accepted but is not emitted.
+    ended_on_draft = int(stats.stop_reason == "eos")
+    assert drafted_tokens <= stats.accepted_draft_tokens_count <= drafted_tokens + ended_on_draft
+    assert len(result.tokens) == stats.generated_tokens
+    assert sum(stats.accepted_at_position) == stats.accepted_draft_tokens_count
+    for accepted, verified in zip(
+        stats.accepted_at_position, stats.verified_at_position, strict=True
+    ):
+        assert 0 <= accepted <= verified
+    assert stats.rounds == sum(stats.draft_length_counts.values())
+    assert stats.stop_reason is not None
+
+
+def plain_and_speculative(
+    target: LlamaEngine,
+    draft: LlamaEngine,
+    prompt: Sequence[int],
+    settings: GenerationSettings,
+) -> tuple[GenerationResult, GenerationResult]:
+    # Both runs start from an empty cache: a reused prompt prefix would have been computed
+    # in another batch shape, and batch shape changes the last bits of the logits.
+    target.truncate(0)
+    draft.truncate(0)
+    plain = SpeculativeDecoder(target).run(prompt, settings)
+    target.truncate(0)
+    spec = SpeculativeDecoder(target, DraftModelDrafter(draft, p_min=settings.p_min)).run(
+        prompt, settings
+    )
+    return plain, spec
+
+
+def explain_divergence(
+    target: LlamaEngine, prompt: Sequence[int], a: list[int], b: list[int]
+) -> str:
+    """Where two greedy outputs part, and the target's logit margin there."""
+    at = common_prefix_length(a, b)
+    target.truncate(0)
+    row = target.evaluate(list(prompt) + a[:at], 1)[0]
+    top2 = np.sort(row)[-2:]
+    return f"outputs differ at token {at}: margin between top-2 logits {top2[1] - top2[0]:.5f}"
+
+
+@pytest.mark.default_pair
+@pytest.mark.parametrize("draft_max", [1, 3, 8])
+@pytest.mark.parametrize("prompt_text", CODE_PROMPTS + PROSE_PROMPTS)
+def test_greedy_speculation_is_plain_decoding_on_default_pair(
+    qwen_main: LlamaEngine, qwen_draft: LlamaEngine, prompt_text: str, draft_max: int
+) -> None:
+    decoder = SpeculativeDecoder(qwen_main)
+    prompt = decoder.prompt_tokens(user(prompt_text))
+    settings = GenerationSettings(max_tokens=QWEN_TOKENS, draft_max=draft_max, p_min=0.0)
+    plain, spec = plain_and_speculative(qwen_main, qwen_draft, prompt, settings)
+    assert spec.token_ids == plain.token_ids, explain_divergence(
+        qwen_main, prompt, plain.token_ids, spec.token_ids
+    )
+    assert spec.text == plain.text
+    stats = spec.stats
+    assert_stats_add_up(stats, spec)
+    # The 0.5B draft agrees with the 1.5B model on most tokens of these prompts.
+    assert stats.accepted_draft_tokens_count > 0
+    assert plain.stats.total_draft_tokens_count == 0
+    assert all(t.origin is TokenOrigin.TARGET for t in plain.tokens)
+
+
+@pytest.mark.parametrize("draft_max", [1, 3, 8])
+@pytest.mark.parametrize("prompt_text", CODE_PROMPTS + PROSE_PROMPTS)
+def test_greedy_self_speculation_smollm(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine, prompt_text: str, draft_max: int
+) -> None:
+    decoder = SpeculativeDecoder(smollm_target)
+    prompt = decoder.prompt_tokens(user(prompt_text))
+    settings = GenerationSettings(max_tokens=SMOLLM_TOKENS, draft_max=draft_max, p_min=0.0)
+    plain, spec = plain_and_speculative(smollm_target, smollm_draft, prompt, settings)
+    assert spec.token_ids == plain.token_ids, explain_divergence(
+        smollm_target, prompt, plain.token_ids, spec.token_ids
+    )
+    assert_stats_add_up(spec.stats, spec)
+    # The same weights draft for themselves: nearly everything is accepted.
+    assert spec.stats.acceptance_rate is not None
+    assert spec.stats.acceptance_rate > 0.8
+
+
+def test_p_min_cuts_drafts_short(smollm_target: LlamaEngine, smollm_draft: LlamaEngine) -> None:
+    decoder = SpeculativeDecoder(smollm_target)
+    prompt = decoder.prompt_tokens(user(PROSE_PROMPTS[0]))
+    eager = GenerationSettings(max_tokens=64, draft_max=8, p_min=0.0)
+    picky = GenerationSettings(max_tokens=64, draft_max=8, p_min=0.99)
+    _, eager_run = plain_and_speculative(smollm_target, smollm_draft, prompt, eager)
+    plain, picky_run = plain_and_speculative(smollm_target, smollm_draft, prompt, picky)
+    assert picky_run.token_ids == plain.token_ids
+    assert picky_run.stats.total_draft_tokens_count < eager_run.stats.total_draft_tokens_count
+
+
+def test_draft_min_drops_short_drafts_as_ignored(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine
+) -> None:
+    decoder = SpeculativeDecoder(smollm_target)
+    prompt = decoder.prompt_tokens(user(PROSE_PROMPTS[0]))
+    settings = GenerationSettings(max_tokens=64, draft_max=4, draft_min=4, p_min=0.9)
+    plain, spec = plain_and_speculative(smollm_target, smollm_draft, prompt, settings)
+    assert spec.token_ids == plain.token_ids
+    stats = spec.stats
+    assert_stats_add_up(stats, spec)
+    assert stats.ignored_draft_tokens_count > 0
+    # Only full-length drafts were verified.
+    assert set(stats.draft_length_counts) <= {0, 4}
+
+
+def test_kv_rollback_keeps_both_caches_consistent(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine
+) -> None:
+    """Over a long generation with many rejections the caches stay equal to a fresh decode."""
+    decoder = SpeculativeDecoder(smollm_target, DraftModelDrafter(smollm_draft, p_min=0.0))
+    prompt = decoder.prompt_tokens(user("Write a long story about a robot learning to paint."))
+    settings = GenerationSettings(
+        max_tokens=300, draft_max=6, p_min=0.0, sampling=SamplingSettings(temperature=1.0, seed=3)
+    )
+    result = decoder.run(prompt, settings)
+    assert result.stats.rejected_draft_tokens_count > 0
+    context = list(prompt) + result.token_ids
+    for engine in (smollm_target, smollm_draft):
+        cached = list(engine.cached_tokens)
+        assert cached == context[: len(cached)]
+        # The cache's last logits equal those of a fresh evaluation of the same tokens.
+        kept = len(cached) - 1
+        engine.truncate(kept)
+        incremental = engine.evaluate(context[kept : kept + 1], 1)[0].copy()
+        engine.truncate(0)
+        fresh = engine.evaluate(context[: kept + 1], 1)[0].copy()
+        assert int(np.argmax(incremental)) == int(np.argmax(fresh))
+        # Batch shape moves logits by a fraction of a unit; stale or misplaced cache
+        # entries would move them by far more.
+        assert float(np.max(np.abs(incremental - fresh))) < 1.0
+
+
+def test_cancel_stops_within_one_round(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine
+) -> None:
+    decoder = SpeculativeDecoder(smollm_target, DraftModelDrafter(smollm_draft, p_min=0.0))
+    prompt = decoder.prompt_tokens(user("Write a long essay about the history of computing."))
+    cancel = threading.Event()
+    settings = GenerationSettings(max_tokens=400, draft_max=4, p_min=0.0)
+    rounds_after_cancel = 0
+    generated_at_cancel = 0
+    final = None
+    for update in decoder.generate(prompt, settings, cancel):
+        if cancel.is_set():
+            rounds_after_cancel += 1
+        elif update.stats.generated_tokens >= 12:
+            generated_at_cancel = update.stats.generated_tokens
+            # Another thread asks to stop, as the GUI's Stop button does.
+            threading.Thread(target=cancel.set).start()
+            while not cancel.is_set():
+                pass
+        final = update
+    assert final is not None
+    assert final.finished
+    assert final.stats.stop_reason == "cancelled"
+    assert rounds_after_cancel <= 1
+    assert final.stats.generated_tokens <= generated_at_cancel + settings.draft_max + 1
+
+
+def test_stop_string_ends_generation_and_is_not_emitted(smollm_target: LlamaEngine) -> None:
+    decoder = SpeculativeDecoder(smollm_target)
+    prompt = decoder.prompt_tokens(user("Count from 1 to 20, separated by commas."))
+    free = decoder.run(prompt, GenerationSettings(max_tokens=80))
+    assert "7" in free.text
+    stop = "7"
+    cut = decoder.run(prompt, GenerationSettings(max_tokens=80, stop_strings=(stop,)))
+    assert cut.stats.stop_reason == "stop_string"
+    assert cut.text == free.text[: free.text.index(stop)]
+
+
+def test_max_tokens_and_end_of_generation(smollm_target: LlamaEngine) -> None:
+    decoder = SpeculativeDecoder(smollm_target)
+    prompt = decoder.prompt_tokens(user("Say hello."))
+    short = decoder.run(prompt, GenerationSettings(max_tokens=5))
+    assert short.stats.stop_reason == "max_tokens"
+    assert short.stats.generated_tokens == 5
+    full = decoder.run(prompt, GenerationSettings(max_tokens=200))
+    assert full.stats.stop_reason == "eos"
+    assert not set(full.token_ids) & smollm_target.vocab.end_of_generation_ids
+
+
+def test_prompt_longer_than_context_is_a_clear_error(smollm_target: LlamaEngine) -> None:
+    decoder = SpeculativeDecoder(smollm_target)
+    prompt = decoder.prompt_tokens(user("word " * (smollm_target.n_ctx + 10)))
+    with pytest.raises(ContextOverflowError, match="context holds"):
+        decoder.run(prompt, GenerationSettings(max_tokens=4))
+
+
+def test_generation_stops_when_context_is_full(smollm_target: LlamaEngine) -> None:
+    decoder = SpeculativeDecoder(smollm_target)
+    filler = "Repeat this sentence many times please. " * 300
+    prompt = decoder.prompt_tokens(user(filler))[: smollm_target.n_ctx - 6]
+    result = decoder.run(prompt, GenerationSettings(max_tokens=50))
+    assert result.stats.stop_reason in ("context_full", "eos")
+    assert len(prompt) + result.stats.generated_tokens <= smollm_target.n_ctx
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"draft_max": 0}, "draft_max"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"draft_min": 5, "draft_max": 3}, "draft_min"),
+        ({"p_min": 1.5}, "p_min"),
+        ({"stop_strings": ("",)}, "stop strings"),
+    ],
+)
+def test_impossible_generation_settings(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        GenerationSettings(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"min_p": 1.0}, "min_p"),
+    ],
+)
+def test_impossible_sampling_settings(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        SamplingSettings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_utf8_split_across_tokens_decodes(smollm_target: LlamaEngine) -> None:
+    decoder = SpeculativeDecoder(smollm_target)
+    prompt = decoder.prompt_tokens(user("Write the word café three times, then an emoji 🎉."))
+    result = decoder.run(prompt, GenerationSettings(max_tokens=40))
+    joined = b"".join(smollm_target.token_bytes(t) for t in result.token_ids)
+    assert result.text == joined.decode("utf-8", errors="replace")
+
+
+def test_exact_batch_probe_guards_greedy_identity(qwen_main: LlamaEngine) -> None:
+    """The probe's limit is real: batches up to it reproduce single-token logits bitwise."""
+    limit = qwen_main.exact_batch_limit
+    assert limit is not None
+    assert limit >= 1
+    tokens = qwen_main.tokenize(
+        "for i in range(10):\n    print(i * i)\n", add_special=False, parse_special=False
+    )
+    size = min(limit, len(tokens) - 1)
+    qwen_main.truncate(0)
+    qwen_main.evaluate(tokens[:1], 1)
+    singles: list[LogitRows] = [qwen_main.evaluate([t], 1)[0].copy() for t in tokens[1 : size + 1]]
+    qwen_main.truncate(1)
+    batch = qwen_main.evaluate(tokens[1 : size + 1], size).copy()
+    for index in range(size):
+        assert np.array_equal(batch[index], singles[index])
