@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Literal, NoReturn, TextIO, TypeAlias
@@ -28,7 +29,7 @@ else:
     import fcntl
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Iterator, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ class ProvisionProgress:
         return min(1.0, self.done_bytes / self.total_bytes) if self.total_bytes > 0 else 0.0
 
 
-ProgressCallback: TypeAlias = "Callable[[ProvisionProgress], None]"
+ProgressCallback: TypeAlias = Callable[[ProvisionProgress], None]
 
 
 class ModelState(enum.Enum):

