@@ -97,6 +97,11 @@ class ModelEngine(Protocol):
         """Wall time spent inside the engine's forward passes since load (for overhead stats)."""
         ...
 
+    @property
+    def exact_batch_limit(self) -> int | None:
+        """Largest batch whose logits equal single-token logits bitwise (None: unknown)."""
+        ...
+
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         """Text to token ids (``add_special`` adds BOS/EOS as the model wants)."""
         ...

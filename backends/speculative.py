@@ -520,7 +520,7 @@ class _Generation:
         """
         total_rows = len(proposed) + 1
         chunk = total_rows
-        limit = getattr(self.target, "exact_batch_limit", None)
+        limit = self.target.exact_batch_limit
         if self.sampling.greedy and limit is not None and limit >= 2:
             chunk = min(total_rows, limit)
         sequence = self.context + proposed
