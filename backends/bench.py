@@ -1,4 +1,10 @@
-"""`specdeck-bench`: one prompt, plain vs speculative decoding, on one loaded main model."""
+"""`specdeck-bench`: plain vs speculative decoding on one loaded main model, one prompt or a suite.
+
+One prompt: plain decoding, then the chosen method (``--method``, ``auto`` by default),
+side by side. ``--suite``: the prompts of :mod:`backends.suite_prompts`, each run plain and
+with every method, in one table (tok/s, speedup, acceptance, chosen draft lengths,
+identical text) — the figures in the README come from it.
+"""
 
 from __future__ import annotations
 
@@ -7,28 +13,33 @@ import json
 import logging
 import sys
 import traceback
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from backends.compat import check_compatibility
 from backends.engine import ChatMessage
 from backends.errors import SettingsError, SpecDeckError
 from backends.gguf_info import read_model_info
+from backends.methods import DEFAULT_METHOD, METHODS, SpeculationMethod, build_decoder, parse_method
 from backends.sampling import SamplingSettings
 from backends.speculative import (
     DEFAULT_DRAFT_MAX,
     DEFAULT_DRAFT_MIN,
+    DEFAULT_LOOKUP_DRAFT_MAX,
     DEFAULT_P_MIN,
-    DraftModelDrafter,
     GenerationResult,
     GenerationSettings,
     SpeculationStats,
     SpeculativeDecoder,
 )
+from backends.suite_prompts import SUITE_PROMPTS
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
+
+    from backends.llama_engine import LlamaEngine
 
 PROG = "specdeck-bench"
 DEFAULT_PROMPT = "Write a quicksort function in Python."
@@ -70,6 +81,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--main", type=Path, help="main (target) model, a GGUF file")
     parser.add_argument("--draft", type=Path, help="draft model, a GGUF file")
+    parser.add_argument(
+        "--method",
+        default=DEFAULT_METHOD,
+        help=f"speculation method: {', '.join(METHODS)} (default: {DEFAULT_METHOD})",
+    )
+    parser.add_argument(
+        "--fixed-draft",
+        action="store_true",
+        help="draft the maximum length every round instead of the cost-aware length",
+    )
+    parser.add_argument(
+        "--fast-batches",
+        action="store_true",
+        help="verify each draft in one batch (llama.cpp's way) instead of bit-exact chunks; "
+        "faster where big batches are cheap, but a near-tie may resolve differently",
+    )
+    parser.add_argument(
+        "--suite",
+        action="store_true",
+        help="run the benchmark suite: every prompt, plain and with every method",
+    )
+    parser.add_argument(
+        "--suite-prompts",
+        help="with --suite: only these prompts (comma-separated keys: "
+        + ", ".join(p.key for p in SUITE_PROMPTS)
+        + ")",
+    )
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help=f"user message (default: {DEFAULT_PROMPT!r})")
     prompt.add_argument("--prompt-file", type=Path, help="read the user message from a file")
@@ -82,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--draft-max", type=int, default=DEFAULT_DRAFT_MAX)
     parser.add_argument("--draft-min", type=int, default=DEFAULT_DRAFT_MIN)
+    parser.add_argument(
+        "--lookup-draft-max",
+        type=int,
+        default=DEFAULT_LOOKUP_DRAFT_MAX,
+        help="longest draft of the n-gram lookups",
+    )
     parser.add_argument(
         "--p-min",
         type=float,
@@ -123,7 +167,23 @@ def _generation_settings(args: argparse.Namespace) -> GenerationSettings:
         draft_min=args.draft_min,
         p_min=args.p_min,
         verification=args.verification,
+        lookup_draft_max=args.lookup_draft_max,
+        exact_batches=not args.fast_batches,
     )
+
+
+def _suite_keys(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    keys = [key.strip() for key in text.split(",") if key.strip()]
+    known = {prompt.key for prompt in SUITE_PROMPTS}
+    unknown = [key for key in keys if key not in known]
+    if unknown or not keys:
+        raise SettingsError(
+            f"unknown suite prompt {', '.join(unknown) or '(none)'}; "
+            f"choose from {', '.join(sorted(known))}"
+        )
+    return keys
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -154,48 +214,220 @@ def _model_paths(args: argparse.Namespace) -> tuple[Path, Path]:
     return main, draft
 
 
+@contextmanager
+def loaded_pair(
+    main_path: Path,
+    draft_path: Path | None,
+    *,
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+    gpu_layers: int = -1,
+) -> Iterator[tuple[LlamaEngine, LlamaEngine | None]]:
+    """Check the pair, load both models (the draft fully offloaded), close them after."""
+    from backends.llama_engine import LlamaEngine, LlamaLoadSettings
+
+    if draft_path is not None:
+        check_compatibility(read_model_info(main_path), read_model_info(draft_path))
+    load = LlamaLoadSettings(n_ctx=n_ctx, n_threads=n_threads, gpu_layers=gpu_layers)
+    with LlamaEngine(main_path, load) as main:
+        if draft_path is None:
+            yield main, None
+            return
+        with LlamaEngine(draft_path, load, is_draft=True) as draft:
+            yield main, draft
+
+
+def timed_run(
+    decoder: SpeculativeDecoder,
+    engines: Sequence[LlamaEngine | None],
+    prompt: Sequence[int],
+    settings: GenerationSettings,
+) -> GenerationResult:
+    """One timed generation from empty caches, so every run pays for the prompt alike."""
+    for engine in engines:
+        if engine is not None:
+            engine.truncate(0)
+    return decoder.run(prompt, settings)
+
+
+def _load_report(main: LlamaEngine, draft: LlamaEngine | None, prompt: int) -> dict[str, object]:
+    return {
+        "main": main.load_report.model_name,
+        "draft": draft.load_report.model_name if draft is not None else None,
+        "main_placement": main.load_report.placement,
+        "draft_placement": draft.load_report.placement if draft is not None else None,
+        "backend": main.load_report.backend,
+        "exact_batch_limit": main.exact_batch_limit,
+        "prompt_tokens": prompt,
+    }
+
+
 def run_bench(
     main_path: Path,
-    draft_path: Path,
+    draft_path: Path | None,
     messages: Sequence[ChatMessage],
     settings: GenerationSettings,
     *,
+    method: SpeculationMethod = DEFAULT_METHOD,
+    adaptive: bool = True,
     n_ctx: int = 4096,
     n_threads: int | None = None,
     gpu_layers: int = -1,
     warmup: bool = True,
 ) -> tuple[BenchResult, dict[str, object]]:
     """Load the pair, run plain then speculative decoding, return both and a load report."""
-    from backends.llama_engine import LlamaEngine, LlamaLoadSettings
-
-    check_compatibility(read_model_info(main_path), read_model_info(draft_path))
-    load = LlamaLoadSettings(n_ctx=n_ctx, n_threads=n_threads, gpu_layers=gpu_layers)
-    with (
-        LlamaEngine(main_path, load) as main,
-        LlamaEngine(draft_path, load, is_draft=True) as draft,
-    ):
+    with loaded_pair(
+        main_path, draft_path, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=gpu_layers
+    ) as (main, draft):
         plain = SpeculativeDecoder(main)
-        speculative = SpeculativeDecoder(main, DraftModelDrafter(draft, p_min=settings.p_min))
+        speculative = build_decoder(method, main, draft, adaptive=adaptive, p_min=settings.p_min)
         prompt = plain.prompt_tokens(messages)
         if warmup:
-            short = GenerationSettings(max_tokens=WARMUP_TOKENS, draft_max=settings.draft_max)
-            speculative.run(prompt, short)
-        # Each timed run starts from empty caches, so both pay for the prompt alike.
-        main.truncate(0)
-        draft.truncate(0)
-        baseline = plain.run(prompt, settings)
-        main.truncate(0)
-        spec = speculative.run(prompt, settings)
-        report: dict[str, object] = {
-            "main": main.load_report.model_name,
-            "draft": draft.load_report.model_name,
-            "main_placement": main.load_report.placement,
-            "draft_placement": draft.load_report.placement,
-            "backend": main.load_report.backend,
-            "exact_batch_limit": main.exact_batch_limit,
-            "prompt_tokens": len(prompt),
-        }
+            short = replace(settings, max_tokens=WARMUP_TOKENS)
+            timed_run(speculative, (main, draft), prompt, short)
+        baseline = timed_run(plain, (main, draft), prompt, settings)
+        spec = timed_run(speculative, (main, draft), prompt, settings)
+        report = _load_report(main, draft, len(prompt))
+        report["method"] = method
     return BenchResult(baseline, spec, settings.sampling.greedy), report
+
+
+@dataclass(frozen=True)
+class SuiteRow:
+    """One prompt run with one method, next to the same prompt's plain run."""
+
+    prompt: str
+    method: str
+    result: GenerationResult
+    baseline: GenerationResult
+
+    @property
+    def speedup(self) -> float | None:
+        """Tok/s of this run over plain decoding's on the same prompt."""
+        base = self.baseline.stats.tokens_per_second
+        return self.result.stats.tokens_per_second / base if base > 0 else None
+
+    @property
+    def identical(self) -> bool:
+        """Whether the text equals plain decoding's (the suite runs at temperature 0)."""
+        return self.result.token_ids == self.baseline.token_ids
+
+
+# (label, method, adaptive, bit-exact batches); "plain" first: the others are compared to it
+SUITE_METHODS: tuple[tuple[str, SpeculationMethod, bool, bool], ...] = (
+    ("plain", "off", False, True),
+    ("draft model, k=3", "draft-model", False, True),
+    ("draft model, k=3, fast", "draft-model", False, False),
+    ("ngram-simple", "ngram-simple", True, True),
+    ("ngram-simple, fast", "ngram-simple", True, False),
+    ("ngram-mod", "ngram-mod", True, True),
+    ("ngram-mod, fast", "ngram-mod", True, False),
+    ("auto", "auto", True, True),
+    ("auto, fast", "auto", True, False),
+)
+
+
+def run_suite(
+    main_path: Path,
+    draft_path: Path,
+    settings: GenerationSettings,
+    *,
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+    gpu_layers: int = -1,
+    prompt_keys: Sequence[str] | None = None,
+    progress: TextIO | None = None,
+) -> tuple[list[SuiteRow], dict[str, object]]:
+    """Every suite prompt, plain and with every method, at temperature 0, in one process.
+
+    Methods keep their decoders (and so what their planners learned) across prompts, as
+    in the app; each run starts from empty caches. ``settings`` gives the shared knobs
+    (draft max, p-min, lookup draft max); max tokens come from each prompt.
+    """
+    greedy = replace(settings, sampling=replace(settings.sampling, temperature=0.0))
+    rows: list[SuiteRow] = []
+    with loaded_pair(
+        main_path, draft_path, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=gpu_layers
+    ) as (main, draft):
+        decoders = {
+            label: build_decoder(method, main, draft, adaptive=adaptive, p_min=settings.p_min)
+            for label, method, adaptive, _exact in SUITE_METHODS
+        }
+        # Warm-up: pages the weights in and lets adaptive decoders calibrate, untimed.
+        warm_prompt = decoders["plain"].prompt_tokens([ChatMessage("user", DEFAULT_PROMPT)])
+        for decoder in decoders.values():
+            timed_run(
+                decoder, (main, draft), warm_prompt, replace(greedy, max_tokens=WARMUP_TOKENS)
+            )
+        report = _load_report(main, draft, 0)
+        for prompt in SUITE_PROMPTS:
+            if prompt_keys is not None and prompt.key not in prompt_keys:
+                continue
+            tokens = decoders["plain"].prompt_tokens([ChatMessage("user", prompt.text)])
+            baseline: GenerationResult | None = None
+            for label, _method, _adaptive, exact in SUITE_METHODS:
+                run_settings = replace(greedy, max_tokens=prompt.max_tokens, exact_batches=exact)
+                result = timed_run(decoders[label], (main, draft), tokens, run_settings)
+                baseline = baseline or result
+                rows.append(SuiteRow(prompt.key, label, result, baseline))
+                if progress is not None:
+                    print(f"  {prompt.key}: {label} done", file=progress, flush=True)
+    return rows, report
+
+
+def _length_summary(stats: SpeculationStats) -> str:
+    """Chosen draft lengths: how many rounds drafted nothing, and the mean of the others."""
+    counts = stats.draft_length_counts
+    drafted = {k: v for k, v in counts.items() if k > 0}
+    rounds = sum(counts.values())
+    if not drafted:
+        return "0 ×" + str(rounds)
+    mean = sum(k * v for k, v in drafted.items()) / sum(drafted.values())
+    plain = counts.get(0, 0)
+    return f"{100 * plain / rounds:.0f}% 0, else {mean:.1f} (max {max(drafted)})"
+
+
+def format_suite(rows: Sequence[SuiteRow], report: dict[str, object]) -> str:
+    """The suite's one table."""
+    lines = [
+        f"main:  {report['main']} — {report['main_placement']}",
+        f"draft: {report['draft']} — {report['draft_placement']}",
+        "loop ms: time per round outside the engines' forward passes (Python, lookups, sampling)",
+        f"bit-exact batch limit of the main model: {report['exact_batch_limit']} tokens; "
+        "temperature 0",
+        "",
+        f"{'prompt':11}{'method':24}{'tok/s':>7}{'speedup':>9}{'accepted':>10}"
+        f"{'identical':>11}{'loop ms':>9}  draft lengths (share of rounds at 0, mean of the rest)",
+    ]
+    for row in rows:
+        stats = row.result.stats
+        speedup = "–" if row.speedup is None else f"{row.speedup:.2f}×"
+        identical = "yes" if row.identical else "NO"
+        lengths = "–" if row.method == "plain" else _length_summary(stats)
+        overhead = 1000 * stats.overhead_seconds / max(1, stats.rounds)
+        lines.append(
+            f"{row.prompt:11}{row.method:24}{stats.tokens_per_second:>7.1f}{speedup:>9}"
+            f"{_percent(stats.acceptance_rate):>10}{identical:>11}{overhead:>9.2f}  {lengths}"
+        )
+    return "\n".join(lines)
+
+
+def suite_json(rows: Sequence[SuiteRow], report: dict[str, object]) -> dict[str, object]:
+    """The --suite --json object."""
+    return {
+        "load": report,
+        "runs": [
+            {
+                "prompt": row.prompt,
+                "method": row.method,
+                "speedup": row.speedup,
+                "identical": row.identical,
+                "text": row.result.text,
+                **row.result.stats.as_dict(),
+            }
+            for row in rows
+        ],
+    }
 
 
 def _run_json(result: GenerationResult, speculative: bool) -> dict[str, object]:
@@ -236,7 +468,8 @@ def format_table(
     lines = [
         f"main:  {report['main']} — {report['main_placement']}",
         f"draft: {report['draft']} — {report['draft_placement']}",
-        f"prompt {report['prompt_tokens']} tokens · max {settings.max_tokens} tokens · "
+        f"method {report['method']} · prompt {report['prompt_tokens']} tokens · "
+        f"max {settings.max_tokens} tokens · "
         f"temperature {settings.sampling.temperature:g} · draft max {settings.draft_max} · "
         f"p-min {settings.p_min:g}",
         "",
@@ -293,12 +526,33 @@ def main(argv: list[str] | None = None) -> int:
         messages = [ChatMessage("user", _read_prompt(args))]
         if args.system:
             messages.insert(0, ChatMessage("system", args.system))
+        method = parse_method(args.method)
         main_path, draft_path = _model_paths(args)
+        if args.suite:
+            if args.prompt is not None or args.prompt_file is not None:
+                raise SettingsError("--suite runs its own prompts; drop --prompt/--prompt-file")
+            rows, suite_report = run_suite(
+                main_path,
+                draft_path,
+                settings,
+                n_ctx=args.ctx,
+                n_threads=args.threads,
+                gpu_layers=args.gpu_layers,
+                prompt_keys=_suite_keys(args.suite_prompts),
+                progress=None if args.json else sys.stderr,
+            )
+            if args.json:
+                print(json.dumps(suite_json(rows, suite_report), ensure_ascii=False))
+            else:
+                print(format_suite(rows, suite_report))
+            return 0
         result, report = run_bench(
             main_path,
             draft_path,
             messages,
             settings,
+            method=method,
+            adaptive=not args.fixed_draft,
             n_ctx=args.ctx,
             n_threads=args.threads,
             gpu_layers=args.gpu_layers,

@@ -134,23 +134,33 @@ class ModelEngine(Protocol):
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens two sequences share."""
     limit = min(len(a), len(b))
+    # The usual case in a generation: one extends the other (compared in C, not per token).
+    if list(a[:limit]) == list(b[:limit]):
+        return limit
     for index in range(limit):
         if a[index] != b[index]:
             return index
     return limit
 
 
-def sync_cache(engine: ModelEngine, context: Sequence[int], logit_rows: int = 1) -> LogitRows:
-    """Make the engine's cache hold exactly ``context`` and return the last logit rows.
+def extend_cache(
+    engine: ModelEngine, context: Sequence[int], logit_rows: int = 1
+) -> tuple[LogitRows, int]:
+    """Make the engine's cache hold exactly ``context``; return (last logit rows, evaluated).
 
     Reuses the longest common prefix already in the cache (prompt caching across turns and
     across the rounds of one generation) and evaluates only the rest. At least the last
-    token is re-evaluated when the whole context is cached already, since its logits are
-    needed.
+    ``logit_rows`` tokens are re-evaluated when the whole context is cached already, since
+    their logits are needed.
     """
     if not context:
-        raise ValueError("sync_cache needs at least one token")
+        raise ValueError("extend_cache needs at least one token")
     keep = min(common_prefix_length(engine.cached_tokens, context), len(context) - logit_rows)
     if keep < len(engine.cached_tokens):
         engine.truncate(keep)
-    return engine.evaluate(context[keep:], logit_rows)
+    return engine.evaluate(context[keep:], logit_rows), len(context) - keep
+
+
+def sync_cache(engine: ModelEngine, context: Sequence[int], logit_rows: int = 1) -> LogitRows:
+    """Make the engine's cache hold exactly ``context`` and return the last logit rows."""
+    return extend_cache(engine, context, logit_rows)[0]

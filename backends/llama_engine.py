@@ -35,6 +35,9 @@ _CHATML_TEMPLATE = (
 
 # enum ggml_log_level
 _GGML_LOG_DEBUG = 1
+_GGML_TYPE_Q8_0 = 8
+_GGML_TYPE_F16 = 1
+_FLASH_ATTENTION_ENABLED = 1  # llama_flash_attn_type
 _GGML_LOG_WARN = 3
 _GGML_LOG_CONT = 5
 
@@ -56,6 +59,12 @@ class LlamaLoadSettings:
     # Measure at load the largest batch whose logits equal single-token logits bitwise, so
     # that greedy verification can stay exactly plain decoding.
     probe_exact_batch: bool = True
+    # On the CPU, keep K in F32 and V in F16. llama.cpp's CPU flash attention has faster
+    # paths for equal K/V types (split-KV for one token past 512 cached tokens, tiles from
+    # 64 query rows) whose rounding differs from the path batches take; with differing
+    # types every batch size and context length takes one path, so verification stays
+    # bitwise plain decoding at any length. Costs twice the K-cache memory, no speed here.
+    single_path_attention: bool = True
 
     def __post_init__(self) -> None:
         if self.n_ctx < 0:
@@ -179,6 +188,10 @@ class LlamaEngine:
         ctx_params.n_threads = threads
         ctx_params.n_threads_batch = threads
         ctx_params.offload_kqv = True
+        if self.settings.single_path_attention and not is_draft and not build.supports_gpu_offload:
+            ctx_params.flash_attn_type = _FLASH_ATTENTION_ENABLED
+            ctx_params.type_k = _GGML_TYPE_F16
+            ctx_params.type_v = _GGML_TYPE_Q8_0
         ctx_params.no_perf = True
         context = llama_cpp.llama_init_from_model(model, ctx_params)
         if not context:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from backends.engine import ChatMessage, LogitRows, ModelEngine, sync_cache
+from backends.engine import ChatMessage, LogitRows, ModelEngine, extend_cache
 from backends.errors import ContextOverflowError, SettingsError
 from backends.sampling import (
     ProbArray,
@@ -49,12 +49,15 @@ if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator, Sequence
 
+    from backends.planner import DraftPlanner, RoundPlan
+
 log = logging.getLogger(__name__)
 
 DEFAULT_DRAFT_MAX = 3  # llama.cpp's --spec-draft-n-max default
 DEFAULT_DRAFT_MIN = 0
 DEFAULT_P_MIN = 0.75  # llama.cpp's --spec-draft-p-min default
 DEFAULT_MAX_TOKENS = 512
+DEFAULT_LOOKUP_DRAFT_MAX = 16  # lookups are free to make, so they may propose long runs
 
 Verification = Literal["rejection", "sample-match"]
 StopReason = Literal["eos", "max_tokens", "stop_string", "cancelled", "context_full"]
@@ -87,12 +90,19 @@ class GenerationSettings:
     p_min: float = DEFAULT_P_MIN
     stop_strings: tuple[str, ...] = ()
     verification: Verification = "rejection"
+    lookup_draft_max: int = DEFAULT_LOOKUP_DRAFT_MAX
+    # At temperature 0, verify in batches the engine computes bit-exactly, so the text is
+    # exactly plain decoding's. False verifies a draft in one batch, as llama.cpp does:
+    # faster where big batches are cheap, but a near-tie may then resolve differently.
+    exact_batches: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise SettingsError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.draft_max < 1:
             raise SettingsError(f"draft_max must be >= 1, got {self.draft_max}")
+        if self.lookup_draft_max < 1:
+            raise SettingsError(f"lookup_draft_max must be >= 1, got {self.lookup_draft_max}")
         if not 0 <= self.draft_min <= self.draft_max:
             raise SettingsError(
                 f"draft_min must be between 0 and draft_max ({self.draft_max}), "
@@ -123,6 +133,7 @@ class SpeculationStats:
     verified_at_position: list[int] = field(default_factory=list)
     accepted_at_position: list[int] = field(default_factory=list)
     draft_length_counts: dict[int, int] = field(default_factory=dict)
+    rounds_by_method: dict[str, int] = field(default_factory=dict)  # "none" = plain step
     time_to_first_token_sec: float | None = None
     generation_seconds: float = 0.0  # from the first token to the last
     total_seconds: float = 0.0  # from the start of prompt processing to the last token
@@ -169,6 +180,7 @@ class SpeculationStats:
             verified_at_position=list(self.verified_at_position),
             accepted_at_position=list(self.accepted_at_position),
             draft_length_counts=dict(self.draft_length_counts),
+            rounds_by_method=dict(self.rounds_by_method),
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -184,6 +196,7 @@ class SpeculationStats:
             "acceptance_rate": self.acceptance_rate,
             "acceptance_by_position": self.acceptance_by_position,
             "draft_length_counts": {str(k): v for k, v in sorted(self.draft_length_counts.items())},
+            "rounds_by_method": dict(self.rounds_by_method),
             "tokens_per_second": self.tokens_per_second,
             "time_to_first_token_sec": self.time_to_first_token_sec,
             "generation_seconds": self.generation_seconds,
@@ -229,14 +242,25 @@ class Draft:
 
     tokens: list[int]
     distributions: list[ProbArray] | None  # None: deterministic (greedy or lookup) drafts
+    evidence: int = 0  # a lookup's match length (how much the proposal is backed by)
 
 
 class Drafter(Protocol):
-    """Proposes the next tokens of a context."""
+    """Proposes the next tokens of a context.
+
+    ``lookup`` is True for drafters whose proposals cost next to nothing (table lookups):
+    the planner asks them before deciding. False for model drafters, whose cost grows with
+    every token drafted.
+    """
 
     @property
     def name(self) -> str:
         """What the drafter is, for reports ("none", "draft model 'Qwen…'")."""
+        ...
+
+    @property
+    def lookup(self) -> bool:
+        """Whether drafting is a negligible-cost lookup."""
         ...
 
     def draft(
@@ -259,6 +283,7 @@ class NoDrafter:
     """Plain decoding through the same loop: never drafts."""
 
     name = "none"
+    lookup = True
 
     def draft(
         self,
@@ -285,6 +310,8 @@ class DraftModelDrafter:
     ``p_min``, or after an end-of-generation token.
     """
 
+    lookup = False
+
     def __init__(
         self,
         engine: ModelEngine,
@@ -297,6 +324,8 @@ class DraftModelDrafter:
         # output still follows the target); None uses the target's settings.
         self.sampling = sampling
         self._end_ids = engine.vocab.end_of_generation_ids
+        # (tokens evaluated, seconds) of each forward pass of the last draft() call
+        self.last_passes: list[tuple[int, float]] = []
 
     @property
     def name(self) -> str:
@@ -320,9 +349,12 @@ class DraftModelDrafter:
             sampling = self.sampling
         tokens: list[int] = []
         distributions: list[ProbArray] | None = None if sampling.greedy else []
+        passes = self.last_passes = []
         if max_tokens <= 0:
             return Draft(tokens, distributions)
-        rows = sync_cache(self.engine, context)
+        started = time.perf_counter()
+        rows, evaluated = extend_cache(self.engine, context)
+        passes.append((evaluated, time.perf_counter() - started))
         for step in range(max_tokens):
             row = rows[-1]
             if distributions is None:
@@ -339,7 +371,9 @@ class DraftModelDrafter:
             last_step = step + 1 == max_tokens
             if last_step or token in self._end_ids or (cancel is not None and cancel.is_set()):
                 break
+            started = time.perf_counter()
             rows = self.engine.evaluate([token], 1)
+            passes.append((1, time.perf_counter() - started))
         return Draft(tokens, distributions)
 
 
@@ -368,11 +402,56 @@ class _StopStringWatcher:
 
 
 class SpeculativeDecoder:
-    """Generates from a target engine with a drafter; yields updates round by round."""
+    """Generates from a target engine with drafters; yields updates round by round.
 
-    def __init__(self, target: ModelEngine, drafter: Drafter | None = None) -> None:
+    With one drafter and ``adaptive=False`` every round drafts up to the settings' draft
+    length (llama.cpp's behaviour). With ``adaptive=True`` a :class:`DraftPlanner` picks
+    each round the drafter and the draft length expected to give the most tokens per
+    second, plain decoding included (the "auto" mode when given every drafter). The planner
+    calibrates the engines' costs on first use and keeps learning across generations.
+    """
+
+    def __init__(
+        self,
+        target: ModelEngine,
+        drafter: Drafter | Sequence[Drafter] | None = None,
+        *,
+        adaptive: bool = False,
+    ) -> None:
         self.target = target
-        self.drafter: Drafter = drafter if drafter is not None else NoDrafter()
+        if drafter is None:
+            self.drafters: list[Drafter] = []
+        elif isinstance(drafter, (list, tuple)):
+            self.drafters = list(drafter)
+        else:
+            self.drafters = [drafter]  # type: ignore[list-item]
+        self.adaptive = adaptive and bool(self.drafters)
+        self._planner: DraftPlanner | None = None
+
+    @property
+    def drafter(self) -> Drafter:
+        """The first drafter (a :class:`NoDrafter` when there is none)."""
+        return self.drafters[0] if self.drafters else NoDrafter()
+
+    @property
+    def planner(self) -> DraftPlanner | None:
+        """The cost-aware planner (None unless adaptive, or before the first generation)."""
+        return self._planner
+
+    def _ensure_planner(self) -> DraftPlanner | None:
+        if not self.adaptive:
+            return None
+        if self._planner is None:
+            from backends.planner import BatchCosts, DraftPlanner
+
+            target_costs = BatchCosts.calibrate(self.target)
+            draft_costs = {
+                id(drafter): BatchCosts.calibrate(engine, (1, 2, 4, 8, 16))
+                for drafter in self.drafters
+                if (engine := getattr(drafter, "engine", None)) is not None
+            }
+            self._planner = DraftPlanner(target_costs, self.drafters, draft_costs)
+        return self._planner
 
     def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         """Apply the target's chat template and tokenize, as the model expects."""
@@ -386,7 +465,10 @@ class SpeculativeDecoder:
         cancel: threading.Event | None = None,
     ) -> Iterator[GenerationUpdate]:
         """Yield one update per round; the last one has ``finished=True`` and final stats."""
-        run = _Generation(self.target, self.drafter, list(prompt_tokens), settings, cancel)
+        planner = self._ensure_planner()
+        run = _Generation(
+            self.target, self.drafters, planner, list(prompt_tokens), settings, cancel
+        )
         return run.rounds()
 
     def run(
@@ -410,7 +492,8 @@ class _Generation:
     def __init__(
         self,
         target: ModelEngine,
-        drafter: Drafter,
+        drafters: list[Drafter],
+        planner: DraftPlanner | None,
         prompt: list[int],
         settings: GenerationSettings,
         cancel: threading.Event | None,
@@ -423,7 +506,8 @@ class _Generation:
                 "shorten the prompt or raise the context size"
             )
         self.target = target
-        self.drafter = drafter
+        self.drafters = drafters
+        self.planner = planner
         self.settings = settings
         self.sampling = settings.sampling
         self.cancel = cancel
@@ -431,14 +515,18 @@ class _Generation:
         self.context = list(prompt)
         self.end_ids = target.vocab.end_of_generation_ids
         self.stats = SpeculationStats(prompt_tokens=len(prompt))
-        self.stats.verified_at_position = [0] * settings.draft_max
-        self.stats.accepted_at_position = [0] * settings.draft_max
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.stop_watch = _StopStringWatcher(settings.stop_strings)
         self.text = ""  # all generated text so far
         self.released_chars = 0  # how much of ``text`` was handed out in updates
         self.held: list[EmittedToken] = []  # emitted tokens whose text is not released yet
         self.finished = False
+        limit = target.exact_batch_limit
+        self.exact_chunk: int | None = None
+        if self.sampling.greedy and settings.exact_batches and limit is not None and limit >= 1:
+            self.exact_chunk = limit
+        if planner is not None:
+            planner.forget_shadows()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -472,21 +560,57 @@ class _Generation:
         yield GenerationUpdate(self._release(final=True), self.stats.snapshot(), True)
 
     def _engine_seconds(self) -> float:
-        return self.target.decode_seconds + self.drafter.engine_seconds()
+        return self.target.decode_seconds + sum(d.engine_seconds() for d in self.drafters)
+
+    def _draft_limit(self, drafter: Drafter, budget: int) -> int:
+        cap = self.settings.lookup_draft_max if drafter.lookup else self.settings.draft_max
+        return min(cap, budget)
+
+    def _make_draft(self, drafter: Drafter, max_tokens: int) -> Draft:
+        started = time.perf_counter()
+        draft = drafter.draft(self.context, max_tokens, self.sampling, self.rng, self.cancel)
+        self.stats.draft_seconds += time.perf_counter() - started
+        if self.planner is not None:
+            for size, seconds in getattr(drafter, "last_passes", ()):
+                self.planner.observe_draft(drafter, size, seconds)
+        return draft
+
+    def _plan_round(self, budget: int) -> tuple[RoundPlan | None, Drafter | None, Draft]:
+        """Choose the drafter of this round and draft; (plan, drafter, draft)."""
+        if budget <= 0 or not self.drafters:
+            return None, None, Draft([], None)
+        if self.planner is None:
+            # Fixed: the first drafter with a proposal drafts the full length.
+            for drafter in self.drafters:
+                draft = self._make_draft(drafter, self._draft_limit(drafter, budget))
+                if draft.tokens or drafter is self.drafters[-1]:
+                    return None, drafter, draft
+            raise AssertionError("unreachable")
+        limits = {id(d): self._draft_limit(d, budget) for d in self.drafters}
+        plan = self.planner.plan(self.context, limits, self.exact_chunk, self._make_draft)
+        if plan.drafter is None:
+            return plan, None, Draft([], None)
+        if plan.proposal is not None:
+            proposal = plan.proposal
+            return (
+                plan,
+                plan.drafter,
+                Draft(proposal.tokens[: plan.draft_tokens], None, evidence=proposal.evidence),
+            )
+        return plan, plan.drafter, self._make_draft(plan.drafter, plan.draft_tokens)
 
     def _one_round(self, *, first_round: bool, room: int) -> None:
+        round_started = time.perf_counter()
+        engine_before = self._engine_seconds()
         remaining = self.settings.max_tokens - self.stats.generated_tokens
         # Drafting past the token budget or the context would only produce ignored tokens.
         # The first round is the prompt's own forward pass: the first token comes from the
         # target alone, so time-to-first-token is the same with and without speculation.
-        budget = 0 if first_round else min(self.settings.draft_max, remaining - 1, room - 1)
-        draft = Draft([], None)
-        if budget > 0:
-            started = time.perf_counter()
-            draft = self.drafter.draft(self.context, budget, self.sampling, self.rng, self.cancel)
-            self.stats.draft_seconds += time.perf_counter() - started
+        budget = 0 if first_round else min(remaining - 1, room - 1)
+        plan, drafter, draft = self._plan_round(budget)
+        if draft.tokens:
             self.stats.total_draft_tokens_count += len(draft.tokens)
-            if draft.tokens and len(draft.tokens) < self.settings.draft_min:
+            if len(draft.tokens) < self.settings.draft_min:
                 self.stats.ignored_draft_tokens_count += len(draft.tokens)
                 draft = Draft([], None)
         if self.cancel is not None and self.cancel.is_set():
@@ -500,36 +624,48 @@ class _Generation:
         self.stats.draft_length_counts[len(draft.tokens)] = (
             self.stats.draft_length_counts.get(len(draft.tokens), 0) + 1
         )
+        method = drafter.name if drafter is not None and draft.tokens else "none"
+        self.stats.rounds_by_method[method] = self.stats.rounds_by_method.get(method, 0) + 1
         self.stats.rejected_draft_tokens_count += len(draft.tokens) - accepted
         for index, token in enumerate(draft.tokens[:accepted]):
             if self.finished:
                 self.stats.ignored_draft_tokens_count += accepted - index
-                return
+                break
             self.stats.accepted_draft_tokens_count += 1
             self._emit(token, TokenOrigin.DRAFT)
         if not self.finished:
             self._emit(own_token, TokenOrigin.TARGET)
+        if self.planner is not None and not first_round:
+            engine_time = self._engine_seconds() - engine_before
+            overhead = time.perf_counter() - round_started - engine_time
+            if plan is not None:
+                self.planner.observe_round(
+                    plan, len(draft.tokens), accepted, draft.evidence, overhead
+                )
+            self.planner.score_shadows(self.context)
 
     def _target_rows(self, proposed: list[int]) -> Iterator[LogitRows]:
         """The target's logit rows 0..k for ``context + proposed``, evaluated lazily in chunks.
 
-        Row j is the target's prediction after ``proposed[:j]``. At temperature 0 the batch
-        is split into chunks no larger than the engine's exact batch limit, so every row is
-        bitwise what plain one-token-at-a-time decoding computes; a rejection ends the
-        round before later chunks are evaluated.
+        Row j is the target's prediction after ``proposed[:j]``. At temperature 0 (unless
+        ``exact_batches`` is off) the batch is split into chunks no larger than the engine's
+        exact batch limit, so every row is bitwise what plain one-token-at-a-time decoding
+        computes; a rejection ends the round before later chunks are evaluated.
         """
         total_rows = len(proposed) + 1
         chunk = total_rows
-        limit = self.target.exact_batch_limit
-        if self.sampling.greedy and limit is not None and limit >= 2:
-            chunk = min(total_rows, limit)
+        if self.exact_chunk is not None:
+            chunk = min(total_rows, self.exact_chunk)
         sequence = self.context + proposed
         first = 0
         while first < total_rows:
             last = min(total_rows, first + chunk) - 1
-            rows = sync_cache(
+            started = time.perf_counter()
+            rows, evaluated = extend_cache(
                 self.target, sequence[: len(self.context) + last], logit_rows=last - first + 1
             )
+            if self.planner is not None:
+                self.planner.observe_target(evaluated, time.perf_counter() - started)
             yield from rows
             first = last + 1
 
@@ -538,6 +674,9 @@ class _Generation:
         proposed = draft.tokens
         positions = self.stats.verified_at_position
         accepted_at = self.stats.accepted_at_position
+        while len(positions) < len(proposed):
+            positions.append(0)
+            accepted_at.append(0)
         greedy = self.sampling.greedy
         for index, row in enumerate(self._target_rows(proposed)):
             if index == len(proposed):

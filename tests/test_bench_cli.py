@@ -31,6 +31,9 @@ def test_json_output_on_self_speculation(smollm_path: Path) -> None:
         "40",
         "--draft-max",
         "4",
+        "--method",
+        "draft-model",
+        "--fixed-draft",
         "--json",
     )
     assert done.returncode == 0, done.stderr
@@ -151,7 +154,37 @@ def test_prompt_longer_than_context(smollm_path: Path) -> None:
         (("--max-tokens", "0"), "max_tokens"),
         (("--top-p", "0"), "top_p"),
         (("--ctx", "0"), "--ctx"),
+        (("--method", "turbo"), "unknown speculation method 'turbo'"),
+        (("--suite", "--suite-prompts", "nope"), "unknown suite prompt nope"),
+        (("--lookup-draft-max", "0"), "lookup_draft_max"),
     ],
 )
 def test_impossible_settings(smollm_path: Path, args: tuple[str, ...], needle: str) -> None:
     assert_one_line_error(run_bench("--main", smollm_path, "--draft", smollm_path, *args), needle)
+
+
+def test_suite_table_and_json(smollm_path: Path) -> None:
+    """The suite on the small model: every method on the chosen prompts, in one table."""
+    common = ("--main", smollm_path, "--draft", smollm_path, "--suite")
+    done = run_bench(*common, "--suite-prompts", "type-hints", "--json", timeout=600)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    runs = data["runs"]
+    from backends.bench import SUITE_METHODS
+
+    assert [run["method"] for run in runs] == [label for label, *_ in SUITE_METHODS]
+    assert {run["prompt"] for run in runs} == {"type-hints"}
+    plain = runs[0]
+    assert plain["speedup"] == 1.0
+    for run, (_label, _method, _adaptive, exact) in zip(runs, SUITE_METHODS, strict=True):
+        assert run["tokens_per_second"] > 0
+        if exact:  # bit-exact verification: identical to plain decoding, always
+            assert run["identical"] is True, run["method"]
+            assert run["text"] == plain["text"]
+    lookups = [run for run in runs if run["method"].startswith("ngram")]
+    assert any(run["accepted_draft_tokens_count"] > 0 for run in lookups)
+
+    table = run_bench(*common, "--suite-prompts", "quicksort", timeout=600)
+    assert table.returncode == 0, table.stderr
+    assert "draft lengths" in table.stdout
+    assert "auto, fast" in table.stdout

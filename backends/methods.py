@@ -1,0 +1,62 @@
+"""The speculation methods a user picks, and the decoder each one builds.
+
+- ``auto`` (the default): the planner chooses every round between the draft model (when
+  one is loaded), the n-gram lookups and plain decoding, from measured costs and
+  acceptance, so speculation is used where it pays and not where it costs.
+- ``draft-model``, ``ngram-simple``, ``ngram-mod``: one method forced. With a fixed draft
+  length every round drafts up to the maximum (llama.cpp's behaviour); with an adaptive one
+  the planner still picks the length, 0 (plain decoding) included.
+- ``off``: plain decoding.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, get_args
+
+from backends.errors import SettingsError
+from backends.ngram import NgramModDrafter, NgramSimpleDrafter
+from backends.speculative import DEFAULT_P_MIN, DraftModelDrafter, SpeculativeDecoder
+
+if TYPE_CHECKING:
+    from backends.engine import ModelEngine
+    from backends.speculative import Drafter
+
+SpeculationMethod = Literal["auto", "draft-model", "ngram-simple", "ngram-mod", "off"]
+METHODS: tuple[SpeculationMethod, ...] = get_args(SpeculationMethod)
+DEFAULT_METHOD: SpeculationMethod = "auto"
+
+
+def parse_method(text: str) -> SpeculationMethod:
+    """Validate a method name from the command line or settings."""
+    for method in METHODS:
+        if text == method:
+            return method
+    raise SettingsError(f"unknown speculation method {text!r}; choose one of {', '.join(METHODS)}")
+
+
+def build_decoder(
+    method: SpeculationMethod,
+    target: ModelEngine,
+    draft: ModelEngine | None = None,
+    *,
+    adaptive: bool = True,
+    p_min: float = DEFAULT_P_MIN,
+) -> SpeculativeDecoder:
+    """A decoder for ``method`` on ``target`` (``draft`` is the loaded draft model, if any)."""
+    drafters: list[Drafter] = []
+    if method == "auto":
+        drafters = [NgramSimpleDrafter(), NgramModDrafter()]
+        if draft is not None:
+            drafters.append(DraftModelDrafter(draft, p_min=p_min))
+        return SpeculativeDecoder(target, drafters, adaptive=True)
+    if method == "draft-model":
+        if draft is None:
+            raise SettingsError("the draft-model method needs a draft model; load one first")
+        drafters = [DraftModelDrafter(draft, p_min=p_min)]
+    elif method == "ngram-simple":
+        drafters = [NgramSimpleDrafter()]
+    elif method == "ngram-mod":
+        drafters = [NgramModDrafter()]
+    elif method != "off":
+        raise SettingsError(f"unknown speculation method {method!r}")
+    return SpeculativeDecoder(target, drafters, adaptive=adaptive)

@@ -1,0 +1,382 @@
+"""Cost-aware speculation: measure what drafting and verifying cost here, pick each round's plan.
+
+Speculation pays only when the tokens a round gains outweigh what drafting and verifying
+cost on this machine, with these models. The planner measures both and decides every
+round which drafter to use (or none: plain decoding) and how many tokens to draft.
+
+- :class:`BatchCosts`: seconds for the target (or a draft model) to evaluate ``b``
+  tokens, calibrated at load for a few batch sizes and refined with every forward pass of
+  the generation (exponential moving average per size, linear between sizes).
+- :class:`PositionAcceptance`: how often a draft's ``i``-th token is accepted given that
+  the ones before it were. Drafts are far from independent per position (a lookup that
+  got its first token right usually copies the rest right), so each position has its own
+  estimate; lookups keep one set per evidence level (length of the match).
+- :class:`DraftPlanner`: for every candidate ``k`` computes the expected tokens of the
+  round, 1 + Σᵢ₌₁ᵏ Πⱼ₌₁ⁱ aⱼ (Leviathan et al. 2023 with per-position rates), over its
+  expected time (drafting, verification in the chunks the engine computes exactly, and the
+  loop's own overhead) and takes the best; plain decoding (``k = 0``) is always a candidate,
+  so a plan is chosen only when it is expected to be faster than not speculating.
+
+Lookup drafters are asked first (a lookup costs microseconds), and their proposals are
+scored against the tokens that follow even when they were not used, so their estimates
+stay current for free. A draft model's estimate is optimistic while it has little data and
+drifts back towards optimism while unused, so a pair that may pay gets tried again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from backends.engine import ModelEngine
+    from backends.speculative import Draft, Drafter
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
+COST_SMOOTHING = 0.25  # weight of a new timing in a batch size's moving average
+ACCEPTANCE_DECAY = 0.98  # older rounds count for less: the text changes as it goes
+PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior rate
+DRAFT_MODEL_PRIOR = 0.75  # what a compatible draft model typically gets per position
+# A lookup's first token is a guess whose odds grow with the match behind it; once it is
+# right the lookup is usually copying, and the next ones are right too.
+LOOKUP_FIRST_PRIORS = (0.35, 0.5, 0.6, 0.7)  # by evidence level
+LOOKUP_LATER_PRIOR = 0.9
+UNUSED_DRIFT = 0.995  # per round a drafter sits unused, its evidence fades (re-exploration)
+GAIN_MARGIN = 1.03  # speculate only when expected to be at least this much faster
+EVIDENCE_LEVELS = (0, 4, 8, 16)  # lookup evidence buckets: match length >= each bound
+SHADOW_LIMIT = 64  # longest unused lookup proposal scored against the real continuation
+
+
+@dataclass
+class BatchCosts:
+    """Seconds to evaluate a batch of ``b`` tokens (with logits for each), by ``b``."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def calibrate(cls, engine: ModelEngine, sizes: Sequence[int] = CALIBRATION_SIZES) -> BatchCosts:
+        """Time the engine on each batch size after a short context; leaves its cache empty.
+
+        Each size is timed twice and the faster kept (the first may pay for paging in).
+        """
+        tokens = engine.tokenize(
+            "def measure(batch):\n    return sum(x * x for x in batch)  # calibration\n" * 8,
+            add_special=False,
+            parse_special=False,
+        )
+        limit = min(max(sizes), len(tokens) - 16, engine.n_ctx - 17)
+        sizes = [size for size in sizes if size <= limit] or [1]
+        prefix = tokens[:16]
+        engine.truncate(0)
+        engine.evaluate(prefix, 1)
+        costs = cls()
+        for size in sizes:
+            best = math.inf
+            for _ in range(2):
+                engine.truncate(len(prefix))
+                started = time.perf_counter()
+                engine.evaluate(tokens[16 : 16 + size], size)
+                best = min(best, time.perf_counter() - started)
+            costs.seconds[size] = best
+        engine.truncate(0)
+        log.info(
+            "%s: batch costs %s",
+            engine.name,
+            ", ".join(f"{b}: {1000 * s:.1f} ms" for b, s in sorted(costs.seconds.items())),
+        )
+        return costs
+
+    def cost(self, size: int) -> float:
+        """Expected seconds for ``size`` tokens (interpolated; extrapolated per token)."""
+        if size in self.seconds:
+            return self.seconds[size]
+        if not self.seconds:
+            return 0.0
+        known = sorted(self.seconds)
+        if size < known[0]:
+            return self.seconds[known[0]] * size / known[0]
+        if size > known[-1]:
+            last = known[-1]
+            per_token = self.seconds[last] / last
+            return self.seconds[last] + per_token * (size - last)
+        upper = next(b for b in known if b > size)
+        lower = max(b for b in known if b < size)
+        share = (size - lower) / (upper - lower)
+        return self.seconds[lower] + share * (self.seconds[upper] - self.seconds[lower])
+
+    def observe(self, size: int, seconds: float) -> None:
+        """Fold one measured forward pass into the estimate for its size."""
+        if size <= 0 or seconds <= 0.0:
+            return
+        previous = self.seconds.get(size)
+        if previous is None:
+            self.seconds[size] = seconds
+        else:
+            self.seconds[size] = previous + COST_SMOOTHING * (seconds - previous)
+
+
+@dataclass
+class PositionAcceptance:
+    """Per-position conditional acceptance rates with a prior and exponential forgetting."""
+
+    prior: float
+    later_prior: float | None = None  # prior of positions after the first (None: ``prior``)
+    reached: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def rate(self, position: int, *, optimism: float = 0.0) -> float:
+        """Estimated P(token ``position`` accepted | the ones before it were), 0-based."""
+        reached = self.reached[position] if position < len(self.reached) else 0.0
+        accepted = self.accepted[position] if position < len(self.accepted) else 0.0
+        prior = self.prior if position == 0 or self.later_prior is None else self.later_prior
+        mean = (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
+        if optimism > 0.0:
+            mean += optimism / math.sqrt(1.0 + reached)
+        return min(1.0, max(0.0, mean))
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """One verified draft: ``accepted`` of its ``drafted`` tokens kept."""
+        if drafted <= 0:
+            return
+        self.fade(ACCEPTANCE_DECAY)
+        reached_positions = min(drafted, accepted + 1)
+        while len(self.reached) < reached_positions:
+            self.reached.append(0.0)
+            self.accepted.append(0.0)
+        for position in range(reached_positions):
+            self.reached[position] += 1.0
+            if position < accepted:
+                self.accepted[position] += 1.0
+
+    def fade(self, factor: float) -> None:
+        """Let old observations count for less."""
+        self.reached = [value * factor for value in self.reached]
+        self.accepted = [value * factor for value in self.accepted]
+
+    def expected_tokens(self, k: int, *, optimism: float = 0.0) -> list[float]:
+        """P(draft tokens 1..i all accepted) for i = 0..k (index 0 is 1.0)."""
+        reach = [1.0]
+        for position in range(k):
+            reach.append(reach[-1] * self.rate(position, optimism=optimism))
+        return reach
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What one round will do: which drafter (None: plain decoding) and up to how many tokens."""
+
+    drafter: Drafter | None
+    draft_tokens: int
+    proposal: Draft | None = None  # a lookup's proposal, already made (cut to draft_tokens)
+    expected_rate: float = 0.0  # expected tokens per second of the plan
+    plain_rate: float = 0.0  # expected tokens per second of plain decoding now
+
+
+@dataclass
+class _Shadow:
+    drafter: Drafter
+    evidence: int
+    start: int  # index in the context where the proposal begins
+    tokens: list[int]
+
+
+class DraftPlanner:
+    """Chooses each round's drafter and draft length from measured costs and acceptance.
+
+    ``exact_chunk`` is the largest batch verification may use (the engine's bit-exact limit
+    at temperature 0; None when verification runs in one batch).
+    """
+
+    def __init__(
+        self,
+        target_costs: BatchCosts,
+        drafters: Sequence[Drafter],
+        draft_costs: dict[int, BatchCosts] | None = None,
+    ) -> None:
+        self.target_costs = target_costs
+        self.drafters = list(drafters)
+        self._draft_costs = dict(draft_costs or {})
+        self._acceptance: dict[tuple[int, int], PositionAcceptance] = {}
+        self._overhead = 0.0  # seconds of loop time per round outside the engines
+        self._shadows: list[_Shadow] = []
+        self._rounds_unused: dict[int, int] = {}
+
+    # -- estimates -------------------------------------------------------------------------
+
+    def _evidence_level(self, drafter: Drafter, evidence: int) -> int:
+        if not drafter.lookup:
+            return 0
+        return max(index for index, bound in enumerate(EVIDENCE_LEVELS) if evidence >= bound)
+
+    def acceptance(self, drafter: Drafter, evidence: int = 0) -> PositionAcceptance:
+        """The acceptance estimate used for ``drafter``'s drafts at this evidence level."""
+        level = self._evidence_level(drafter, evidence)
+        key = (id(drafter), level)
+        estimate = self._acceptance.get(key)
+        if estimate is None:
+            if drafter.lookup:
+                estimate = PositionAcceptance(LOOKUP_FIRST_PRIORS[level], LOOKUP_LATER_PRIOR)
+            else:
+                estimate = PositionAcceptance(DRAFT_MODEL_PRIOR)
+            self._acceptance[key] = estimate
+        return estimate
+
+    def draft_costs(self, drafter: Drafter) -> BatchCosts | None:
+        """The calibrated forward-pass costs of a draft model (None for lookups)."""
+        return self._draft_costs.get(id(drafter))
+
+    def verify_seconds(self, k: int, reach: Sequence[float], exact_chunk: int | None) -> float:
+        """Expected time to verify ``k`` draft tokens (k + 1 rows), chunked, early exit."""
+        rows = k + 1
+        chunk = rows if exact_chunk is None else max(1, min(rows, exact_chunk))
+        seconds = 0.0
+        first = 0
+        while first < rows:
+            size = min(chunk, rows - first)
+            # A chunk after the first is evaluated only if every draft token before it
+            # was accepted: rows 0..first-1 verify draft tokens 1..first.
+            seconds += (reach[first] if first > 0 else 1.0) * self.target_costs.cost(size)
+            first += size
+        return seconds
+
+    def plain_rate(self) -> float:
+        """Expected tokens per second without speculation."""
+        return 1.0 / max(1e-9, self.target_costs.cost(1) + self._overhead)
+
+    def _best_length(
+        self,
+        drafter: Drafter,
+        limit: int,
+        evidence: int,
+        exact_chunk: int | None,
+        catch_up: int,
+    ) -> tuple[int, float]:
+        """The draft length (1..limit) with the highest expected rate, and that rate."""
+        optimism = 0.0 if drafter.lookup else 0.25
+        reach = self.acceptance(drafter, evidence).expected_tokens(limit, optimism=optimism)
+        costs = self.draft_costs(drafter)
+        best_k, best_rate = 0, 0.0
+        expected = 1.0
+        for k in range(1, limit + 1):
+            expected += reach[k]
+            seconds = self.verify_seconds(k, reach, exact_chunk) + self._overhead
+            if costs is not None:
+                # Catching the draft's cache up, then one forward pass per drafted token
+                # after the first (which comes from the catch-up pass).
+                seconds += costs.cost(max(1, catch_up)) + (k - 1) * costs.cost(1)
+            rate = expected / seconds
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate
+
+    # -- planning --------------------------------------------------------------------------
+
+    def plan(
+        self,
+        context: Sequence[int],
+        limits: dict[int, int],
+        exact_chunk: int | None,
+        make_proposal: Callable[[Drafter, int], Draft],
+    ) -> RoundPlan:
+        """Choose this round's plan; ``limits`` maps id(drafter) to its draft-length cap."""
+        plain = self.plain_rate()
+        best = RoundPlan(None, 0, None, plain, plain)
+        for drafter in self.drafters:
+            limit = limits.get(id(drafter), 0)
+            if limit <= 0:
+                continue
+            if drafter.lookup:
+                proposal = make_proposal(drafter, limit)
+                if not proposal.tokens:
+                    continue
+                self._add_shadow(drafter, proposal, len(context))
+                k, rate = self._best_length(
+                    drafter, len(proposal.tokens), proposal.evidence, exact_chunk, 0
+                )
+                candidate = RoundPlan(drafter, k, proposal, rate, plain)
+            else:
+                catch_up = _catch_up_tokens(drafter, context)
+                k, rate = self._best_length(drafter, limit, 0, exact_chunk, catch_up)
+                candidate = RoundPlan(drafter, k, None, rate, plain)
+            if k > 0 and candidate.expected_rate > best.expected_rate:
+                best = candidate
+        if best.drafter is not None and best.expected_rate < plain * GAIN_MARGIN:
+            best = RoundPlan(None, 0, None, plain, plain)
+        for drafter in self.drafters:
+            if drafter is not best.drafter and not drafter.lookup:
+                self.acceptance(drafter).fade(UNUSED_DRIFT)
+        return best
+
+    # -- learning --------------------------------------------------------------------------
+
+    def observe_round(
+        self,
+        plan: RoundPlan,
+        drafted: int,
+        accepted: int,
+        evidence: int,
+        overhead_seconds: float,
+    ) -> None:
+        """Learn from a verified round: acceptance of the drafter used, loop overhead."""
+        if plan.drafter is not None and drafted > 0:
+            self.acceptance(plan.drafter, evidence).observe(drafted, accepted)
+            self._shadows = [s for s in self._shadows if s.drafter is not plan.drafter]
+        if overhead_seconds >= 0.0:
+            self._overhead += COST_SMOOTHING * (overhead_seconds - self._overhead)
+
+    def observe_target(self, size: int, seconds: float) -> None:
+        """A measured target forward pass of ``size`` tokens."""
+        self.target_costs.observe(size, seconds)
+
+    def observe_draft(self, drafter: Drafter, size: int, seconds: float) -> None:
+        """A measured draft-model forward pass."""
+        costs = self._draft_costs.get(id(drafter))
+        if costs is not None:
+            costs.observe(size, seconds)
+
+    def _add_shadow(self, drafter: Drafter, proposal: Draft, start: int) -> None:
+        if any(shadow.drafter is drafter for shadow in self._shadows):
+            return
+        tokens = list(proposal.tokens[:SHADOW_LIMIT])
+        self._shadows.append(_Shadow(drafter, proposal.evidence, start, tokens))
+
+    def score_shadows(self, context: Sequence[int]) -> None:
+        """Score unused lookup proposals against the tokens that actually followed."""
+        remaining: list[_Shadow] = []
+        for shadow in self._shadows:
+            available = len(context) - shadow.start
+            matched = 0
+            while (
+                matched < min(available, len(shadow.tokens))
+                and context[shadow.start + matched] == shadow.tokens[matched]
+            ):
+                matched += 1
+            if matched < min(available, len(shadow.tokens)) or available >= len(shadow.tokens):
+                self.acceptance(shadow.drafter, shadow.evidence).observe(
+                    len(shadow.tokens), matched
+                )
+            else:
+                remaining.append(shadow)
+        self._shadows = remaining
+
+    def forget_shadows(self) -> None:
+        """Drop pending proposals (the context was replaced)."""
+        self._shadows.clear()
+
+
+def _catch_up_tokens(drafter: Drafter, context: Sequence[int]) -> int:
+    """Tokens a draft model must evaluate before its first draft token of this round."""
+    engine = getattr(drafter, "engine", None)
+    if engine is None:
+        return 1
+    cached = engine.cached_tokens
+    if len(cached) <= len(context) and list(context[: len(cached)]) == list(cached):
+        return max(1, len(context) - len(cached))
+    return len(context)

@@ -1,0 +1,117 @@
+"""Auto mode and cost-aware drafting on real models: lossless, and fast batches only at ties."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from backends.engine import sync_cache
+from backends.errors import SettingsError
+from backends.methods import build_decoder, parse_method
+from backends.ngram import NgramSimpleDrafter
+from backends.speculative import GenerationSettings, SpeculativeDecoder
+from backends.suite_prompts import SUITE_PROMPTS
+from tests.conftest import user
+
+if TYPE_CHECKING:
+    from backends.llama_engine import LlamaEngine
+
+PROMPTS = {prompt.key: prompt for prompt in SUITE_PROMPTS}
+
+
+def plain_run(engine: LlamaEngine, prompt: list[int], settings: GenerationSettings) -> list[int]:
+    engine.truncate(0)
+    return SpeculativeDecoder(engine).run(prompt, settings).token_ids
+
+
+@pytest.mark.default_pair
+def test_auto_on_the_default_pair_is_plain_decoding(
+    qwen_main: LlamaEngine, qwen_draft: LlamaEngine
+) -> None:
+    auto = build_decoder("auto", qwen_main, qwen_draft)
+    for key, max_tokens in (("quicksort", 64), ("type-hints", 96)):
+        prompt = auto.prompt_tokens(user(PROMPTS[key].text))
+        settings = GenerationSettings(max_tokens=max_tokens)
+        expected = plain_run(qwen_main, prompt, settings)
+        qwen_main.truncate(0)
+        result = auto.run(prompt, settings)
+        assert result.token_ids == expected, key
+        stats = result.stats
+        assert stats.total_draft_tokens_count == (
+            stats.accepted_draft_tokens_count
+            + stats.rejected_draft_tokens_count
+            + stats.ignored_draft_tokens_count
+        )
+    # The rewrite copies its prompt: the lookups drafted some of it.
+    lookup_rounds = sum(
+        count for name, count in result.stats.rounds_by_method.items() if name.startswith("ngram")
+    )
+    assert lookup_rounds > 0
+    assert result.stats.accepted_draft_tokens_count > 0
+    assert auto.planner is not None
+    assert auto.planner.target_costs.cost(1) > 0
+
+
+def test_long_context_greedy_stays_bitwise_plain(smollm_target: LlamaEngine) -> None:
+    """Past 512 cached tokens llama.cpp's CPU attention has other paths; the engine avoids them."""
+    decoder = SpeculativeDecoder(smollm_target, NgramSimpleDrafter())
+    prompt = decoder.prompt_tokens(user(PROMPTS["summary"].text))
+    assert len(prompt) > 600
+    settings = GenerationSettings(max_tokens=96, lookup_draft_max=16)
+    expected = plain_run(smollm_target, prompt, settings)
+    smollm_target.truncate(0)
+    result = decoder.run(prompt, settings)
+    assert result.token_ids == expected
+    assert result.stats.accepted_draft_tokens_count > 0
+
+
+def top_two_margin(row: np.ndarray) -> float:
+    best, second = np.partition(row, -2)[-2:][::-1]
+    return float(best - second)
+
+
+@pytest.mark.default_pair
+def test_fast_batches_differ_from_plain_only_at_near_ties(qwen_main: LlamaEngine) -> None:
+    limit = qwen_main.exact_batch_limit
+    assert limit is not None
+    decoder = build_decoder("ngram-simple", qwen_main, adaptive=False)
+    prompt = decoder.prompt_tokens(user(PROMPTS["type-hints"].text))
+    settings = GenerationSettings(max_tokens=96, lookup_draft_max=12, exact_batches=False)
+    expected = plain_run(qwen_main, prompt, settings)
+    qwen_main.truncate(0)
+    result = decoder.run(prompt, settings)
+    # Fast mode verifies drafts longer than the bit-exact limit in one batch.
+    assert max(result.stats.draft_length_counts) + 1 > limit
+    got = result.token_ids
+    if got != expected:
+        first = next(i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b)
+        qwen_main.truncate(0)
+        row = sync_cache(qwen_main, prompt + expected[:first])[0]
+        margin = top_two_margin(row)
+        assert margin < 1.0, f"diverged at token {first} where plain decoding was sure ({margin})"
+
+
+@pytest.mark.parametrize("method", ["draft-model", "ngram-simple", "ngram-mod", "off"])
+def test_forced_methods_are_lossless_with_adaptive_length(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine, method: str
+) -> None:
+    decoder = build_decoder(parse_method(method), smollm_target, smollm_draft)
+    prompt = decoder.prompt_tokens(user(PROMPTS["type-hints"].text))
+    settings = GenerationSettings(max_tokens=64)
+    expected = plain_run(smollm_target, prompt, settings)
+    smollm_target.truncate(0)
+    smollm_draft.truncate(0)
+    result = decoder.run(prompt, settings)
+    assert result.token_ids == expected
+    assert set(result.stats.rounds_by_method) <= {"none", *(d.name for d in decoder.drafters)}
+
+
+def test_method_errors_are_clear(smollm_target: LlamaEngine) -> None:
+    with pytest.raises(SettingsError, match="unknown speculation method 'fastest'"):
+        parse_method("fastest")
+    with pytest.raises(SettingsError, match="needs a draft model"):
+        build_decoder("draft-model", smollm_target, None)
+    with pytest.raises(SettingsError, match="lookup_draft_max"):
+        GenerationSettings(lookup_draft_max=0)

@@ -1,0 +1,170 @@
+"""The cost model: batch costs, per-position acceptance, and the planner's choices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pytest
+
+from backends.planner import BatchCosts, DraftPlanner, PositionAcceptance
+from backends.speculative import Draft
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import numpy as np
+
+    from backends.llama_engine import LlamaEngine
+    from backends.sampling import SamplingSettings
+    from backends.speculative import Drafter
+
+
+@dataclass
+class FixedLookup:
+    """A lookup drafter that always proposes the same tokens (for planner decisions)."""
+
+    proposal: list[int]
+    evidence: int = 20
+    name: str = "lookup"
+    lookup: bool = True
+
+    def draft(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        rng: np.random.Generator,
+        cancel: object,
+    ) -> Draft:
+        return Draft(self.proposal[:max_tokens], None, evidence=self.evidence)
+
+    def engine_seconds(self) -> float:
+        return 0.0
+
+
+@dataclass
+class ModelLike:
+    """Stands in for a draft model drafter: not a lookup, costs come from the planner."""
+
+    name: str = "draft model"
+    lookup: bool = False
+
+    def draft(self, *_args: object) -> Draft:
+        raise AssertionError("the planner must not draft by itself")
+
+    def engine_seconds(self) -> float:
+        return 0.0
+
+
+def linear(per_token: float, fixed: float = 0.0) -> BatchCosts:
+    return BatchCosts({b: fixed + per_token * b for b in (1, 2, 4, 8, 16)})
+
+
+def ask_proposal(drafter: Drafter, max_tokens: int) -> Draft:
+    return drafter.draft([], max_tokens, None, None, None)  # type: ignore[arg-type]
+
+
+def test_batch_costs_interpolate_extrapolate_and_learn() -> None:
+    costs = BatchCosts({1: 0.02, 4: 0.05, 8: 0.06})
+    assert costs.cost(1) == 0.02
+    assert costs.cost(2) == pytest.approx(0.03)
+    assert costs.cost(6) == pytest.approx(0.055)
+    assert costs.cost(16) == pytest.approx(0.06 + 8 * 0.06 / 8)
+    costs.observe(1, 0.04)
+    assert 0.02 < costs.cost(1) < 0.04
+    costs.observe(3, 0.1)
+    assert costs.cost(3) == 0.1
+
+
+def test_position_acceptance_chains_conditional_rates() -> None:
+    acceptance = PositionAcceptance(prior=0.5)
+    for _ in range(200):
+        acceptance.observe(drafted=4, accepted=4)
+    reach = acceptance.expected_tokens(4)
+    assert reach[0] == 1.0
+    assert reach[4] > 0.9
+    fresh = PositionAcceptance(prior=0.5)
+    for _ in range(200):
+        fresh.observe(drafted=4, accepted=0)  # the first token always refused
+    assert fresh.rate(0) < 0.05
+    # Position 2 was never reached: it keeps its prior.
+    assert fresh.rate(1) == pytest.approx(0.5)
+
+
+def test_verify_cost_counts_chunks_only_when_reached() -> None:
+    planner = DraftPlanner(linear(0.01), [])
+    reach = [1.0, 0.5, 0.25, 0.125, 0.0625]
+    # 4 drafted tokens = 5 rows; chunks of 2: rows 0-1 always, rows 2-3 if tokens 1-2
+    # were accepted (0.25), row 4 if tokens 1-4 were (0.0625).
+    expected = 0.02 + 0.25 * 0.02 + 0.0625 * 0.01
+    assert planner.verify_seconds(4, reach, exact_chunk=2) == pytest.approx(expected)
+    assert planner.verify_seconds(4, reach, exact_chunk=None) == pytest.approx(0.05)
+
+
+def test_plain_decoding_when_batches_cost_as_much_as_single_steps() -> None:
+    lookup = FixedLookup(list(range(16)))
+    planner = DraftPlanner(linear(0.02), [lookup])
+    for _ in range(50):
+        planner.acceptance(lookup, 20).observe(16, 16)  # even perfect drafts do not pay
+    plan = planner.plan([1, 2, 3], {id(lookup): 16}, None, ask_proposal)
+    assert plan.drafter is None
+    assert plan.draft_tokens == 0
+
+
+def test_long_lookup_drafts_when_batches_are_cheap_and_drafts_good() -> None:
+    lookup = FixedLookup(list(range(16)))
+    planner = DraftPlanner(linear(0.005, fixed=0.02), [lookup])
+    for _ in range(50):
+        planner.acceptance(lookup, 20).observe(16, 16)
+    plan = planner.plan([1, 2, 3], {id(lookup): 16}, None, ask_proposal)
+    assert plan.drafter is lookup
+    assert plan.draft_tokens >= 12
+    assert plan.expected_rate > plan.plain_rate * 2
+    # Verified in exact chunks of one token, the same drafts no longer pay.
+    plan = planner.plan([1, 2, 3], {id(lookup): 16}, 1, ask_proposal)
+    assert plan.drafter is None
+
+
+def test_draft_model_too_expensive_is_not_used() -> None:
+    model = ModelLike()
+    # A draft step at 60% of a target step (the default pair on a 2-core CPU).
+    planner = DraftPlanner(linear(0.02, 0.005), [model], {id(model): linear(0.012, 0.003)})
+    plan = planner.plan([1, 2, 3], {id(model): 3}, None, ask_proposal)
+    assert plan.drafter is None
+    # A cheap draft (5% of a target step) with cheap batches pays even before any data.
+    planner = DraftPlanner(linear(0.002, 0.02), [model], {id(model): linear(0.001)})
+    plan = planner.plan([1, 2, 3], {id(model): 8}, None, ask_proposal)
+    assert plan.drafter is model
+    assert 1 <= plan.draft_tokens <= 8
+
+
+def test_bad_acceptance_turns_a_draft_model_off_and_learns_back() -> None:
+    model = ModelLike()
+    planner = DraftPlanner(linear(0.002, 0.02), [model], {id(model): linear(0.001)})
+    plan = planner.plan([1], {id(model): 4}, None, ask_proposal)
+    assert plan.drafter is model
+    for _ in range(40):
+        planner.observe_round(plan, 4, 0, 0, 0.0)
+    assert planner.plan([1], {id(model): 4}, None, ask_proposal).drafter is None
+
+
+def test_unused_lookup_proposals_are_scored_against_what_followed() -> None:
+    lookup = FixedLookup([7, 8, 9, 10])
+    planner = DraftPlanner(linear(0.02), [lookup])  # linear costs: lookups never used
+    before = planner.acceptance(lookup, 20).rate(0)
+    context = [1, 2, 3]
+    for _ in range(30):
+        plan = planner.plan(context, {id(lookup): 4}, None, ask_proposal)
+        assert plan.drafter is None
+        context = [*context, 7, 8, 9, 10]  # what followed was exactly the proposal
+        planner.score_shadows(context)
+    assert planner.acceptance(lookup, 20).rate(0) > max(before, 0.9)
+
+
+def test_calibration_on_a_real_engine(smollm_target: LlamaEngine) -> None:
+    costs = BatchCosts.calibrate(smollm_target, (1, 2, 4))
+    assert set(costs.seconds) == {1, 2, 4}
+    assert all(seconds > 0 for seconds in costs.seconds.values())
+    assert costs.cost(4) > costs.cost(1)
+    assert list(smollm_target.cached_tokens) == []
