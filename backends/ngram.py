@@ -63,7 +63,33 @@ class _IncrementalIndex:
         return start
 
 
-class NgramSimpleDrafter:
+class _LookupDrafter:
+    """What both lookups share: the Drafter interface around their ``propose``."""
+
+    lookup = True
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
+        """The proposed continuation and its evidence."""
+        raise NotImplementedError
+
+    def draft(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        rng: np.random.Generator,
+        cancel: threading.Event | None,
+    ) -> Draft:
+        """Propose up to ``max_tokens`` tokens from the lookup."""
+        proposal, evidence = self.propose(context, max_tokens)
+        return Draft(proposal, None, evidence=evidence)
+
+    def engine_seconds(self) -> float:
+        """No forward passes: lookups are counted as loop time."""
+        return 0.0
+
+
+class NgramSimpleDrafter(_LookupDrafter):
     """Prompt lookup: copy what followed the latest earlier occurrence of the context's tail.
 
     Every position is indexed by the ``min_match`` tokens ending there. A lookup takes the
@@ -72,7 +98,7 @@ class NgramSimpleDrafter:
     ``max_tokens`` of the tokens that followed it.
     """
 
-    lookup = True
+    name = "ngram-simple"
 
     def __init__(
         self, min_match: int = DEFAULT_MIN_MATCH, max_match: int = DEFAULT_MAX_MATCH
@@ -87,12 +113,6 @@ class NgramSimpleDrafter:
         # n-gram -> end positions (exclusive) of its occurrences, oldest first
         self._positions: dict[tuple[int, ...], list[int]] = {}
         self._indexed_end = 0  # n-grams ending at positions <= this are indexed
-
-    name = "ngram-simple"
-
-    def engine_seconds(self) -> float:
-        """No forward passes: lookups are counted as loop time."""
-        return 0.0
 
     def _index_new_tokens(self, start: int) -> None:
         """Index the n-grams ending after ``start``, forgetting any that ended past it."""
@@ -142,20 +162,8 @@ class NgramSimpleDrafter:
             return [], 0
         return tokens[best_end : best_end + max_tokens], best_length
 
-    def draft(
-        self,
-        context: Sequence[int],
-        max_tokens: int,
-        sampling: SamplingSettings,
-        rng: np.random.Generator,
-        cancel: threading.Event | None,
-    ) -> Draft:
-        """Propose up to ``max_tokens`` tokens copied from the best earlier match."""
-        proposal, evidence = self.propose(context, max_tokens)
-        return Draft(proposal, None, evidence=evidence)
 
-
-class NgramModDrafter:
+class NgramModDrafter(_LookupDrafter):
     """A bounded n-gram → next-token table over everything seen, chained to draft.
 
     Unlike prompt lookup it remembers across generations (the same app session), so an
@@ -163,7 +171,6 @@ class NgramModDrafter:
     evidence of a proposal is how many of its tokens came from n-grams seen more than once.
     """
 
-    lookup = True
     name = "ngram-mod"
 
     def __init__(
@@ -178,10 +185,6 @@ class NgramModDrafter:
         self._index = _IncrementalIndex()
         # n-gram -> (next token, times this continuation was seen in a row)
         self._table: OrderedDict[tuple[int, ...], tuple[int, int]] = OrderedDict()
-
-    def engine_seconds(self) -> float:
-        """No forward passes."""
-        return 0.0
 
     def _learn(self, tokens: Sequence[int], start: int) -> None:
         n = self.order
@@ -222,15 +225,3 @@ class NgramModDrafter:
                 evidence += 1
             window = [*window[1:], following]
         return proposal, evidence
-
-    def draft(
-        self,
-        context: Sequence[int],
-        max_tokens: int,
-        sampling: SamplingSettings,
-        rng: np.random.Generator,
-        cancel: threading.Event | None,
-    ) -> Draft:
-        """Propose up to ``max_tokens`` tokens by chaining the table."""
-        proposal, evidence = self.propose(context, max_tokens)
-        return Draft(proposal, None, evidence=evidence)

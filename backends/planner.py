@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from backends.engine import common_prefix_length
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
@@ -376,7 +378,4 @@ def _catch_up_tokens(drafter: Drafter, context: Sequence[int]) -> int:
     engine = getattr(drafter, "engine", None)
     if engine is None:
         return 1
-    cached = engine.cached_tokens
-    if len(cached) <= len(context) and list(context[: len(cached)]) == list(cached):
-        return max(1, len(context) - len(cached))
-    return len(context)
+    return max(1, len(context) - common_prefix_length(engine.cached_tokens, context))
