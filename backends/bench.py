@@ -23,6 +23,7 @@ from backends.engine import ChatMessage
 from backends.errors import SettingsError, SpecDeckError
 from backends.gguf_info import read_model_info
 from backends.methods import DEFAULT_METHOD, METHODS, SpeculationMethod, build_decoder, parse_method
+from backends.planner import CostCache
 from backends.sampling import SamplingSettings
 from backends.speculative import (
     DEFAULT_DRAFT_MAX,
@@ -349,8 +350,11 @@ def run_suite(
     with loaded_pair(
         main_path, draft_path, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=gpu_layers
     ) as (main, draft):
+        costs = CostCache()
         decoders = {
-            label: build_decoder(method, main, draft, adaptive=adaptive, p_min=settings.p_min)
+            label: build_decoder(
+                method, main, draft, adaptive=adaptive, p_min=settings.p_min, cost_cache=costs
+            )
             for label, method, adaptive, _exact in SUITE_METHODS
         }
         # Warm-up: pages the weights in and lets adaptive decoders calibrate, untimed.

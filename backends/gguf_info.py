@@ -155,6 +155,7 @@ class ModelInfo:
     vocab: VocabInfo
     chat_template: str | None
     general_size_label: str | None = None  # general.size_label, as the model's authors state it
+    kv_width: int | None = None  # K (and V) values per token per layer: kv heads × head size
 
     @property
     def size_label(self) -> str:
@@ -287,7 +288,21 @@ def _read_model_info_uncached(path: Path) -> ModelInfo:
         vocab=_vocab_info(path, metadata, architecture, header.token_list_fingerprint),
         chat_template=_str_or_none(metadata.get("tokenizer.chat_template")),
         general_size_label=_str_or_none(metadata.get("general.size_label")) or None,
+        kv_width=_kv_width(metadata, architecture),
     )
+
+
+def _kv_width(metadata: dict[str, Any], architecture: str) -> int | None:
+    """Values per token per layer in the K cache (the V cache holds as many), if stated."""
+    embedding = _int_or_none(metadata.get(f"{architecture}.embedding_length"))
+    heads = _int_or_none(metadata.get(f"{architecture}.attention.head_count"))
+    kv_heads = _int_or_none(metadata.get(f"{architecture}.attention.head_count_kv")) or heads
+    head_size = _int_or_none(metadata.get(f"{architecture}.attention.key_length"))
+    if head_size is None and embedding and heads:
+        head_size = embedding // heads
+    if not kv_heads or not head_size:
+        return None
+    return kv_heads * head_size
 
 
 def _read_checked_header(path: Path, decode_tokens: bool = True) -> _Header:

@@ -7,8 +7,12 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psutil
+
+if TYPE_CHECKING:
+    from backends.gguf_info import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +102,13 @@ def _list_devices() -> tuple[ComputeDevice, ...]:
     return tuple(devices)
 
 
+def gpu_devices() -> tuple[ComputeDevice, ...]:
+    """The GPUs llama.cpp can use, with their memory now (empty on CPU-only builds)."""
+    if not llama_build_info().supports_gpu_offload:
+        return ()
+    return tuple(device for device in _list_devices() if device.kind != "CPU")
+
+
 def _backend_name(devices: tuple[ComputeDevice, ...], system_info: str) -> str:
     haystack = " ".join(d.name for d in devices if d.kind != "CPU") + " " + system_info
     for name in _GPU_BACKEND_NAMES:
@@ -117,3 +128,34 @@ def llama_build_info() -> LlamaBuildInfo:
     supports_offload = bool(llama_cpp.llama_supports_gpu_offload())
     backend = _backend_name(devices, system_info) if supports_offload else "CPU"
     return LlamaBuildInfo(backend, supports_offload, devices, system_info.strip())
+
+
+# Beyond weights and KV cache: compute buffers, the runtime, Python (measured ~150 MB with
+# the small models; scaled a little with the model).
+_RUNTIME_OVERHEAD_BYTES = 160 << 20
+_FALLBACK_KV_SHARE = 0.12  # KV cache as a share of the weights when the file does not say
+
+
+def estimate_model_memory(info: ModelInfo, n_ctx: int) -> int:
+    """Bytes a model is expected to need loaded with an ``n_ctx`` context (weights + KV cache)."""
+    if info.kv_width and info.n_layers:
+        # K in F16 and V in Q8_0 or F16: at most 2 bytes per value each.
+        kv_cache = info.n_layers * n_ctx * info.kv_width * 2 * 2
+    else:
+        kv_cache = int(info.file_size * _FALLBACK_KV_SHARE)
+    return info.file_size + kv_cache + _RUNTIME_OVERHEAD_BYTES // 2
+
+
+def estimate_pair_memory(main: ModelInfo, draft: ModelInfo | None, n_ctx: int) -> int:
+    """Bytes the main model (and draft) are expected to need, runtime included."""
+    total = estimate_model_memory(main, n_ctx) + _RUNTIME_OVERHEAD_BYTES
+    if draft is not None and draft.path != main.path:
+        total += estimate_model_memory(draft, n_ctx)
+    elif draft is not None:
+        total += estimate_model_memory(draft, n_ctx) - draft.file_size  # weights are mapped once
+    return total
+
+
+def available_memory() -> int:
+    """Bytes of system memory available to a new process now (psutil's ``available``)."""
+    return int(psutil.virtual_memory().available)

@@ -19,6 +19,7 @@ from backends.speculative import DEFAULT_P_MIN, DraftModelDrafter, SpeculativeDe
 
 if TYPE_CHECKING:
     from backends.engine import ModelEngine
+    from backends.planner import CostCache
     from backends.speculative import Drafter
 
 SpeculationMethod = Literal["auto", "draft-model", "ngram-simple", "ngram-mod", "off"]
@@ -41,14 +42,18 @@ def build_decoder(
     *,
     adaptive: bool = True,
     p_min: float = DEFAULT_P_MIN,
+    cost_cache: CostCache | None = None,
 ) -> SpeculativeDecoder:
-    """A decoder for ``method`` on ``target`` (``draft`` is the loaded draft model, if any)."""
+    """A decoder for ``method`` on ``target`` (``draft`` is the loaded draft model, if any).
+
+    Decoders given the same ``cost_cache`` calibrate each engine once between them.
+    """
     drafters: list[Drafter] = []
     if method == "auto":
         drafters = [NgramSimpleDrafter(), NgramModDrafter()]
         if draft is not None:
             drafters.append(DraftModelDrafter(draft, p_min=p_min))
-        return SpeculativeDecoder(target, drafters, adaptive=True)
+        return SpeculativeDecoder(target, drafters, adaptive=True, cost_cache=cost_cache)
     if method == "draft-model":
         if draft is None:
             raise SettingsError("the draft-model method needs a draft model; load one first")
@@ -59,4 +64,4 @@ def build_decoder(
         drafters = [NgramModDrafter()]
     elif method != "off":
         raise SettingsError(f"unknown speculation method {method!r}")
-    return SpeculativeDecoder(target, drafters, adaptive=adaptive)
+    return SpeculativeDecoder(target, drafters, adaptive=adaptive, cost_cache=cost_cache)

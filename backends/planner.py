@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
+DRAFT_CALIBRATION_SIZES = (1, 2, 4, 8, 16)  # a draft model drafts one token per pass
 COST_SMOOTHING = 0.25  # weight of a new timing in a batch size's moving average
 ACCEPTANCE_DECAY = 0.98  # older rounds count for less: the text changes as it goes
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior rate
@@ -122,6 +123,27 @@ class BatchCosts:
             self.seconds[size] = seconds
         else:
             self.seconds[size] = previous + COST_SMOOTHING * (seconds - previous)
+
+
+class CostCache:
+    """Calibrated batch costs per engine, shared by every decoder built on that engine.
+
+    Calibration takes a few seconds per engine; an app that switches speculation methods
+    (or a benchmark that builds a decoder per method) pays it once per loaded model.
+    """
+
+    def __init__(self) -> None:
+        # Keyed by id(engine); the engine is kept alongside so that its id is not reused.
+        self._entries: dict[tuple[int, tuple[int, ...]], tuple[ModelEngine, BatchCosts]] = {}
+
+    def costs(self, engine: ModelEngine, sizes: Sequence[int] = CALIBRATION_SIZES) -> BatchCosts:
+        """The engine's costs, calibrated on first request."""
+        key = (id(engine), tuple(sizes))
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = (engine, BatchCosts.calibrate(engine, sizes))
+            self._entries[key] = entry
+        return entry[1]
 
 
 @dataclass

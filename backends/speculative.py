@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator, Sequence
 
-    from backends.planner import DraftPlanner, RoundPlan
+    from backends.planner import CostCache, DraftPlanner, RoundPlan
 
 log = logging.getLogger(__name__)
 
@@ -417,8 +417,10 @@ class SpeculativeDecoder:
         drafter: Drafter | Sequence[Drafter] | None = None,
         *,
         adaptive: bool = False,
+        cost_cache: CostCache | None = None,
     ) -> None:
         self.target = target
+        self._cost_cache = cost_cache
         if drafter is None:
             self.drafters: list[Drafter] = []
         elif isinstance(drafter, (list, tuple)):
@@ -438,15 +440,22 @@ class SpeculativeDecoder:
         """The cost-aware planner (None unless adaptive, or before the first generation)."""
         return self._planner
 
+    def prepare(self) -> None:
+        """Calibrate the planner's costs now (at load) instead of at the first generation."""
+        self._ensure_planner()
+
     def _ensure_planner(self) -> DraftPlanner | None:
         if not self.adaptive:
             return None
         if self._planner is None:
-            from backends.planner import BatchCosts, DraftPlanner
+            from backends.planner import DRAFT_CALIBRATION_SIZES, CostCache, DraftPlanner
 
-            target_costs = BatchCosts.calibrate(self.target)
+            if self._cost_cache is None:
+                self._cost_cache = CostCache()
+            cache = self._cost_cache
+            target_costs = cache.costs(self.target)
             draft_costs = {
-                id(drafter): BatchCosts.calibrate(engine, (1, 2, 4, 8, 16))
+                id(drafter): cache.costs(engine, DRAFT_CALIBRATION_SIZES)
                 for drafter in self.drafters
                 if (engine := getattr(drafter, "engine", None)) is not None
             }

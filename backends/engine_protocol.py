@@ -1,0 +1,175 @@
+"""The messages between the window and its engine process: JSON lines, one object per line.
+
+The window sends commands (``load``, ``generate``, ``cancel``, ``unload``, ``quit``) on the
+engine process's stdin; the process answers with events on its stdout. Every object has a
+``type``; the dataclasses here are the typed form of both directions, so the two sides
+cannot drift apart. Stats travel as :class:`SpeculationStats` fields.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+from backends.engine import ChatMessage
+from backends.errors import SettingsError
+from backends.methods import DEFAULT_METHOD, SpeculationMethod, parse_method
+from backends.sampling import SamplingSettings
+from backends.speculative import (
+    EmittedToken,
+    GenerationSettings,
+    SpeculationStats,
+    TokenOrigin,
+)
+
+EngineKind = Literal["llama.cpp", "mlx"]
+ENGINE_KINDS: tuple[EngineKind, ...] = ("llama.cpp", "mlx")
+RunKind = Literal["speculative", "plain"]  # plain = the main model alone, for comparison
+
+DEFAULT_CONTEXT = 4096
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """Load a main model and optionally a draft model, and the speculation method to use."""
+
+    main_path: str
+    draft_path: str | None = None
+    engine: EngineKind = "llama.cpp"
+    method: SpeculationMethod = DEFAULT_METHOD
+    n_ctx: int = DEFAULT_CONTEXT
+    gpu_layers: int = -1  # main model layers on the GPU; the draft always goes fully there
+    n_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINE_KINDS:
+            raise SettingsError(f"unknown engine {self.engine!r}; choose llama.cpp or mlx")
+        parse_method(self.method)
+        if self.method == "draft-model" and self.draft_path is None:
+            raise SettingsError("'draft model only' needs a draft model; pick one")
+        if self.n_ctx < 256:
+            raise SettingsError(f"context size must be at least 256 tokens, got {self.n_ctx}")
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """Answer a conversation; ``compare`` also answers it with the main model alone."""
+
+    request_id: int
+    messages: tuple[ChatMessage, ...]
+    settings: GenerationSettings = field(default_factory=GenerationSettings)
+    compare: bool = False
+    method: SpeculationMethod | None = None  # None: the method chosen at load
+
+    def __post_init__(self) -> None:
+        if self.method is not None:
+            parse_method(self.method)
+        if not self.messages:
+            raise SettingsError("nothing to answer: the conversation is empty")
+
+
+# -- encoding --------------------------------------------------------------------------------
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One JSON line."""
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def decode(line: bytes | str) -> dict[str, Any]:
+    """Parse one JSON line into a message with a ``type``."""
+    message = json.loads(line)
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise ValueError(f"not a protocol message: {str(line)[:80]!r}")
+    return message
+
+
+def load_command(request: LoadRequest) -> dict[str, Any]:
+    """The ``load`` command for ``request``."""
+    return {"type": "load", **asdict(request)}
+
+
+def parse_load(message: dict[str, Any]) -> LoadRequest:
+    """The LoadRequest of a ``load`` command."""
+    known = {f.name for f in fields(LoadRequest)}
+    return LoadRequest(**{k: v for k, v in message.items() if k in known})
+
+
+def generate_command(request: GenerateRequest) -> dict[str, Any]:
+    """The ``generate`` command for ``request``."""
+    settings = request.settings
+    return {
+        "type": "generate",
+        "request_id": request.request_id,
+        "messages": [[m.role, m.content] for m in request.messages],
+        "settings": {
+            **{f.name: getattr(settings, f.name) for f in fields(settings) if f.name != "sampling"},
+            "sampling": asdict(settings.sampling),
+        },
+        "compare": request.compare,
+        "method": request.method,
+    }
+
+
+def parse_generate(message: dict[str, Any]) -> GenerateRequest:
+    """The GenerateRequest of a ``generate`` command (SettingsError for impossible settings)."""
+    raw = dict(message["settings"])
+    sampling = SamplingSettings(**raw.pop("sampling"))
+    raw["stop_strings"] = tuple(raw.get("stop_strings", ()))
+    settings = GenerationSettings(sampling=sampling, **raw)
+    messages = tuple(ChatMessage(role, content) for role, content in message["messages"])
+    return GenerateRequest(
+        int(message["request_id"]),
+        messages,
+        settings,
+        bool(message["compare"]),
+        message.get("method"),
+    )
+
+
+def tokens_to_wire(tokens: tuple[EmittedToken, ...]) -> list[list[Any]]:
+    """Tokens as ``[id, text, origin]`` triples."""
+    return [[t.token_id, t.text, t.origin.value] for t in tokens]
+
+
+def tokens_from_wire(raw: list[list[Any]]) -> list[EmittedToken]:
+    """The inverse of :func:`tokens_to_wire`."""
+    return [EmittedToken(int(i), str(text), TokenOrigin(origin)) for i, text, origin in raw]
+
+
+def stats_to_wire(stats: SpeculationStats) -> dict[str, Any]:
+    """Every stats field, JSON-safe."""
+    wire = asdict(stats)
+    wire["draft_length_counts"] = {str(k): v for k, v in stats.draft_length_counts.items()}
+    return wire
+
+
+def stats_from_wire(raw: dict[str, Any]) -> SpeculationStats:
+    """The inverse of :func:`stats_to_wire` (unknown fields are ignored)."""
+    known = {f.name for f in fields(SpeculationStats)}
+    values = {k: v for k, v in raw.items() if k in known}
+    values["draft_length_counts"] = {
+        int(k): int(v) for k, v in values.get("draft_length_counts", {}).items()
+    }
+    return SpeculationStats(**values)
+
+
+__all__ = [
+    "DEFAULT_CONTEXT",
+    "ENGINE_KINDS",
+    "EngineKind",
+    "GenerateRequest",
+    "LoadRequest",
+    "RunKind",
+    "decode",
+    "encode",
+    "generate_command",
+    "load_command",
+    "parse_generate",
+    "parse_load",
+    "stats_from_wire",
+    "stats_to_wire",
+    "tokens_from_wire",
+    "tokens_to_wire",
+]

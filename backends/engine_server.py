@@ -1,0 +1,366 @@
+"""The engine process: loads models and generates, speaking the JSON-lines protocol on stdio.
+
+Run as ``python -m backends.engine_server``. The window starts it as a child process, so
+that a native crash in llama.cpp (which can abort the whole process) costs a message and a
+reload, never the window or the chat. Commands arrive on stdin (see
+:mod:`backends.engine_protocol`); a reader thread takes them, so ``cancel`` reaches a
+running generation at once, while loading and generating run one at a time on the main
+thread. Events go to the original stdout; anything native code prints is sent to stderr,
+so it can never corrupt the protocol.
+
+Events: ``ready``, ``load_progress``, ``loaded``, ``unloaded``, ``started``, ``tokens``
+(one per round, with the stats so far), ``finished``, ``compared``, ``error``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, NoReturn
+
+from backends.compat import check_compatibility
+from backends.engine import common_prefix_length
+from backends.engine_protocol import (
+    GenerateRequest,
+    LoadRequest,
+    RunKind,
+    decode,
+    encode,
+    parse_generate,
+    parse_load,
+    stats_to_wire,
+    tokens_to_wire,
+)
+from backends.engines import installed_engines, open_engine
+from backends.errors import ContextOverflowError, SettingsError, SpecDeckError
+from backends.gguf_info import read_model_info
+from backends.hardware import available_memory, estimate_pair_memory
+from backends.methods import build_decoder
+from backends.planner import CostCache
+from backends.speculative import DEFAULT_P_MIN, GenerationResult, SpeculativeDecoder
+
+if TYPE_CHECKING:
+    from backends.engine import ModelEngine
+    from backends.hardware import ComputeDevice
+    from backends.methods import SpeculationMethod
+    from backends.speculative import EmittedToken, SpeculationStats
+
+log = logging.getLogger("backends.engine_server")
+
+PROGRESS_EVENT_INTERVAL = 0.1  # seconds between load_progress events
+# Loading beyond what is available is refused only when clearly hopeless: the OS can page
+# out other programs, and the estimate is an estimate.
+MEMORY_REFUSAL_FACTOR = 1.5
+
+
+@dataclass
+class _LoadedPair:
+    """The models in memory and the decoders built on them."""
+
+    request: LoadRequest
+    main: ModelEngine
+    draft: ModelEngine | None
+    costs: CostCache = field(default_factory=CostCache)
+    decoders: dict[tuple[SpeculationMethod, float], SpeculativeDecoder] = field(
+        default_factory=dict
+    )
+
+    def decoder(self, method: SpeculationMethod, p_min: float) -> SpeculativeDecoder:
+        """The decoder for a method, kept so that what its planner learned carries over.
+
+        ``auto`` adapts what and how much to draft every round; a forced method drafts the
+        full length every round, as LM Studio and llama.cpp do.
+        """
+        key = (method, p_min)
+        decoder = self.decoders.get(key)
+        if decoder is None:
+            decoder = build_decoder(
+                method,
+                self.main,
+                self.draft,
+                adaptive=method == "auto",
+                p_min=p_min,
+                cost_cache=self.costs,
+            )
+            self.decoders[key] = decoder
+        return decoder
+
+    def close(self) -> None:
+        if self.draft is not None:
+            self.draft.close()
+        self.main.close()
+
+
+class EngineServer:
+    """Executes commands one at a time and writes events; ``serve()`` runs until ``quit``."""
+
+    def __init__(self, events: IO[bytes]) -> None:
+        self._events = events
+        self._write_lock = threading.Lock()
+        self._commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._cancel = threading.Event()
+        self._pair: _LoadedPair | None = None
+
+    # -- output ------------------------------------------------------------------------------
+
+    def emit(self, event_type: str, **fields: Any) -> None:
+        """Write one event line (from any thread)."""
+        line = encode({"type": event_type, **fields})
+        with self._write_lock:
+            try:
+                self._events.write(line)
+                self._events.flush()
+            except (BrokenPipeError, ValueError):
+                # The window is gone; nothing is left to tell.
+                self._commands.put(None)
+
+    def _error(self, message: str, request_id: int | None = None) -> None:
+        self.emit("error", message=" ".join(message.split()), request_id=request_id)
+
+    # -- input -------------------------------------------------------------------------------
+
+    def read_commands(self, stream: IO[bytes]) -> None:
+        """Reader thread: queue commands; act on ``cancel`` and ``quit`` at once."""
+        for raw in stream:
+            if not raw.strip():
+                continue
+            try:
+                command = decode(raw)
+            except ValueError as error:
+                self._error(f"engine process: unreadable command ({error})")
+                continue
+            if command["type"] in ("cancel", "quit"):
+                self._cancel.set()
+            if command["type"] != "cancel":
+                self._commands.put(command)
+        self._cancel.set()  # stdin closed: the window is gone
+        self._commands.put(None)
+
+    def serve(self, stream: IO[bytes]) -> None:
+        """Run commands until ``quit`` or the end of input."""
+        reader = threading.Thread(
+            target=self.read_commands, args=(stream,), name="commands", daemon=True
+        )
+        reader.start()
+        self.emit("ready", pid=os.getpid(), engines=installed_engines())
+        try:
+            while True:
+                command = self._commands.get()
+                if command is None or command["type"] == "quit":
+                    break
+                self._run(command)
+        finally:
+            self._unload()
+
+    def _run(self, command: dict[str, Any]) -> None:
+        kind = command["type"]
+        request_id = command.get("request_id")
+        try:
+            if kind == "load":
+                self._load(parse_load(command))
+            elif kind == "unload":
+                self._unload()
+                self.emit("unloaded")
+            elif kind == "generate":
+                self._generate(parse_generate(command))
+            else:
+                self._error(f"engine process: unknown command {kind!r}", request_id)
+        except SpecDeckError as error:
+            self._error(str(error), request_id)
+        except (KeyError, TypeError, ValueError) as error:
+            log.exception("bad %s command", kind)
+            self._error(f"engine process: malformed {kind} command ({error})", request_id)
+        except MemoryError:
+            self._error("out of memory: unload models or choose smaller ones", request_id)
+        except Exception as error:  # noqa: BLE001 - the process must answer, not die
+            log.exception("%s failed", kind)
+            self._error(f"{kind} failed: {type(error).__name__}: {error}", request_id)
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def _load(self, request: LoadRequest) -> None:
+        self._unload()
+        main_info = read_model_info(request.main_path)
+        draft_info = read_model_info(request.draft_path) if request.draft_path else None
+        if draft_info is not None:
+            check_compatibility(main_info, draft_info)
+        needed = estimate_pair_memory(main_info, draft_info, request.n_ctx)
+        free = available_memory()
+        if needed > free * MEMORY_REFUSAL_FACTOR:
+            raise SpecDeckError(
+                f"not enough memory: the models need about {needed / 2**30:.1f} GB, "
+                f"{free / 2**30:.1f} GB is available; choose smaller models or a smaller context"
+            )
+        main_share = main_info.file_size / (
+            main_info.file_size + (draft_info.file_size if draft_info else 0)
+        )
+        last_sent = 0.0
+
+        def progress(start: float, share: float, what: str) -> Any:
+            def report(fraction: float) -> None:
+                nonlocal last_sent
+                now = time.monotonic()
+                if now - last_sent >= PROGRESS_EVENT_INTERVAL or fraction >= 1.0:
+                    last_sent = now
+                    self.emit(
+                        "load_progress",
+                        fraction=round(0.9 * (start + share * fraction), 4),
+                        message=what,
+                    )
+
+            return report
+
+        main = open_engine(
+            request.engine,
+            Path(request.main_path),
+            n_ctx=request.n_ctx,
+            gpu_layers=request.gpu_layers,
+            n_threads=request.n_threads,
+            progress=progress(0.0, main_share, f"loading {main_info.name}"),
+        )
+        draft: ModelEngine | None = None
+        try:
+            if draft_info is not None and request.draft_path is not None:
+                draft = open_engine(
+                    request.engine,
+                    Path(request.draft_path),
+                    n_ctx=request.n_ctx,
+                    n_threads=request.n_threads,
+                    is_draft=True,
+                    progress=progress(main_share, 1.0 - main_share, f"loading {draft_info.name}"),
+                )
+            pair = _LoadedPair(request, main, draft)
+            if request.method == "auto":
+                self.emit("load_progress", fraction=0.92, message="measuring batch costs")
+                pair.decoder(request.method, DEFAULT_P_MIN).prepare()
+        except BaseException:
+            if draft is not None:
+                draft.close()
+            main.close()
+            raise
+        self._pair = pair
+        self.emit(
+            "loaded",
+            main=asdict(main.load_report),
+            draft=asdict(draft.load_report) if draft is not None else None,
+            exact_batch_limit=main.exact_batch_limit,
+            n_ctx=main.n_ctx,
+            method=request.method,
+            gpus=[asdict(device) for device in _gpus(request)],
+        )
+
+    def _unload(self) -> None:
+        if self._pair is not None:
+            self._pair.close()
+            self._pair = None
+
+    def _generate(self, request: GenerateRequest) -> None:
+        pair = self._pair
+        if pair is None:
+            raise SettingsError("no model is loaded; load a main model first")
+        self._cancel.clear()
+        settings = request.settings
+        speculative = pair.decoder(request.method or pair.request.method, settings.p_min)
+        prompt = speculative.prompt_tokens(request.messages)
+        if len(prompt) >= pair.main.n_ctx:
+            raise ContextOverflowError(
+                f"the conversation is {len(prompt)} tokens but the context holds "
+                f"{pair.main.n_ctx}; start a new chat or raise the context size"
+            )
+        # Both runs of a comparison start from the same cached prefix, so neither is helped
+        # by what the other left in the cache.
+        start_state = common_prefix_length(pair.main.cached_tokens, prompt)
+        runs: list[tuple[RunKind, SpeculativeDecoder]] = [("speculative", speculative)]
+        if request.compare:
+            runs.append(("plain", SpeculativeDecoder(pair.main)))
+        results: dict[RunKind, GenerationResult] = {}
+        for run, decoder in runs:
+            if self._cancel.is_set():
+                break
+            pair.main.truncate(min(start_state, len(pair.main.cached_tokens)))
+            results[run] = self._stream(request.request_id, run, decoder, prompt, request)
+        if request.compare and len(results) == 2:
+            plain, spec = results["plain"].stats, results["speculative"].stats
+            speedup = (
+                spec.tokens_per_second / plain.tokens_per_second
+                if plain.tokens_per_second > 0
+                else None
+            )
+            identical = (
+                results["plain"].token_ids == results["speculative"].token_ids
+                if settings.sampling.greedy
+                else None
+            )
+            self.emit(
+                "compared", request_id=request.request_id, speedup=speedup, identical=identical
+            )
+
+    def _stream(
+        self,
+        request_id: int,
+        run: RunKind,
+        decoder: SpeculativeDecoder,
+        prompt: list[int],
+        request: GenerateRequest,
+    ) -> GenerationResult:
+        self.emit("started", request_id=request_id, run=run, prompt_tokens=len(prompt))
+        tokens: list[EmittedToken] = []
+        stats: SpeculationStats | None = None
+        last_tokens: tuple[EmittedToken, ...] = ()
+        for update in decoder.generate(prompt, request.settings, self._cancel):
+            tokens.extend(update.tokens)
+            stats, last_tokens = update.stats, update.tokens
+            if update.finished:
+                break
+            self.emit(
+                "tokens",
+                request_id=request_id,
+                run=run,
+                tokens=tokens_to_wire(update.tokens),
+                stats=stats_to_wire(stats),
+            )
+        assert stats is not None
+        self.emit(
+            "finished",
+            request_id=request_id,
+            run=run,
+            tokens=tokens_to_wire(last_tokens),
+            stats=stats_to_wire(stats),
+        )
+        return GenerationResult(tuple(tokens), stats)
+
+
+def _gpus(request: LoadRequest) -> tuple[ComputeDevice, ...]:
+    """The GPUs and their free memory after loading (llama.cpp reports them; MLX does not)."""
+    if request.engine != "llama.cpp":
+        return ()
+    from backends.hardware import gpu_devices
+
+    return gpu_devices()
+
+
+def main() -> NoReturn:
+    """Serve the protocol on stdio; native output is moved to stderr first."""
+    events = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
+    logging.getLogger("backends.llama_engine.native").setLevel(logging.ERROR)
+    server = EngineServer(events)
+    server.serve(sys.stdin.buffer)
+    logging.shutdown()
+    # The reader thread may still be blocked on stdin; interpreter shutdown would wait on
+    # its lock and abort, so leave at once (events are unbuffered, models already freed).
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Choosing an engine by name: each is imported only when picked, so a missing one fails alone."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+from backends.errors import SettingsError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from backends.engine import ModelEngine
+    from backends.engine_protocol import EngineKind
+    from backends.llama_engine import LoadProgress
+
+
+def installed_engines() -> list[EngineKind]:
+    """The engines whose Python packages are installed here (llama.cpp first)."""
+    engines: list[EngineKind] = []
+    if importlib.util.find_spec("llama_cpp") is not None:
+        engines.append("llama.cpp")
+    if importlib.util.find_spec("mlx_lm") is not None:
+        engines.append("mlx")
+    return engines
+
+
+def open_engine(
+    kind: EngineKind,
+    path: Path,
+    *,
+    n_ctx: int,
+    gpu_layers: int = -1,
+    n_threads: int | None = None,
+    is_draft: bool = False,
+    progress: LoadProgress | None = None,
+) -> ModelEngine:
+    """Load ``path`` with the engine ``kind``; the draft always goes fully onto the GPU."""
+    if kind == "llama.cpp":
+        from backends.llama_engine import LlamaEngine, LlamaLoadSettings
+
+        settings = LlamaLoadSettings(n_ctx=n_ctx, gpu_layers=gpu_layers, n_threads=n_threads)
+        return LlamaEngine(path, settings, is_draft=is_draft, progress=progress)
+    if kind == "mlx":
+        raise SettingsError(
+            "the MLX engine is not part of this build yet; choose llama.cpp"
+            if importlib.util.find_spec("mlx_lm") is not None
+            else "the MLX engine needs mlx-lm (Apple Silicon, or mlx[cpu] on Linux)"
+        )
+    raise SettingsError(f"unknown engine {kind!r}; choose llama.cpp or mlx")

@@ -1,0 +1,125 @@
+"""SpecDeck's entry point: ``specdeck`` opens the window (the engine runs in a child process)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
+
+from backends.paths import user_data_dir
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from gui.main_window import MainWindow
+
+log = logging.getLogger("gui")
+
+APP_NAME = "SpecDeck"
+LOG_FILE = "specdeck.log"
+
+
+def app_version() -> str:
+    """The installed version of SpecDeck."""
+    try:
+        return version("specdeck")
+    except PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``specdeck``."""
+    parser = argparse.ArgumentParser(
+        prog="specdeck", description="SpecDeck: faster local LLM answers, shown as they happen."
+    )
+    parser.add_argument(
+        "--load",
+        action="store_true",
+        help="load the selected model pair (the default pair on first start) once the window opens",
+    )
+    parser.add_argument("--version", action="version", version=f"{APP_NAME} {app_version()}")
+    # The frozen app has no separate Python to run the engine process with: it runs itself.
+    parser.add_argument("--engine-server", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def _log_to_file() -> None:
+    folder = user_data_dir()
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(folder / LOG_FILE, encoding="utf-8"))
+    except OSError:
+        pass
+    logging.basicConfig(
+        level=logging.INFO, handlers=handlers, format="%(asctime)s %(name)s: %(message)s"
+    )
+
+
+def _install_excepthook(window: MainWindow) -> None:
+    """An unexpected error in a slot becomes a logged traceback and a one-line status message."""
+
+    def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        log.error("unexpected error:\n%s", "".join(traceback.format_exception(kind, error, tb)))
+        window.statusBar().showMessage(f"Unexpected error: {kind.__name__}: {error}", 15000)
+
+    sys.excepthook = hook
+
+
+def prefer_default_pair() -> None:
+    """On the very first start, preselect the default pair when it has been fetched."""
+    from backends.provision import (
+        DEFAULT_DRAFT_KEY,
+        DEFAULT_MAIN_KEY,
+        ModelState,
+        model_path,
+        model_state,
+    )
+    from gui.settings import AppSettings
+
+    settings = AppSettings()
+    if settings.get("last_main_path"):
+        return
+    if model_state(DEFAULT_MAIN_KEY) is ModelState.MISSING:
+        return
+    settings.set("last_main_path", str(model_path(DEFAULT_MAIN_KEY)))
+    if model_state(DEFAULT_DRAFT_KEY) is not ModelState.MISSING:
+        settings.set("last_draft_choice", str(model_path(DEFAULT_DRAFT_KEY)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Open the window; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if args.engine_server:
+        from backends.engine_server import main as serve
+
+        serve()
+    _log_to_file()
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
+
+    from gui.main_window import MainWindow
+
+    app = QApplication(sys.argv[:1])
+    app.setApplicationName(APP_NAME)
+    app.setApplicationVersion(app_version())
+    app.setDesktopFileName("specdeck")
+    icon = QIcon.fromTheme("specdeck")
+    if not icon.isNull():
+        app.setWindowIcon(icon)
+    prefer_default_pair()
+    window = MainWindow()
+    _install_excepthook(window)
+    if args.load:
+        window.load_when_scanned()
+    window.show()
+    code = app.exec()
+    window.shutdown()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

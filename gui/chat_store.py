@@ -1,0 +1,454 @@
+"""The conversation history: chats and their messages in one SQLite file, saved as they happen."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Self, cast, get_args
+
+from backends.engine_protocol import stats_from_wire, stats_to_wire
+from backends.errors import SpecDeckError
+from backends.paths import user_data_dir
+from gui.transcript import MessageRecord, MessageState, spans_from_json, spans_to_json
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+    from pathlib import Path
+    from types import TracebackType
+
+    from backends.engine import Role
+    from backends.speculative import SpeculationStats
+    from gui.transcript import TokenSpan
+
+log = logging.getLogger(__name__)
+
+HISTORY_FILE_NAME = "chats.sqlite3"
+DEFAULT_TITLE = "New chat"
+AUTO_TITLE_MAX_CHARS = 40
+ELLIPSIS = "…"
+SCHEMA_VERSION: Final = 1
+# SQLite keeps a committed write-ahead log next to the database; it belongs to the file.
+_SIDE_FILE_SUFFIXES = ("-wal", "-shm")
+_STATES: frozenset[str] = frozenset(get_args(MessageState))
+_ROLES: frozenset[str] = frozenset(("system", "user", "assistant"))
+
+
+class HistoryError(SpecDeckError):
+    """The chat history file cannot be opened, read or written (not SQLite, corrupt, newer)."""
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    """What the conversation list shows of one chat."""
+
+    conversation_id: int
+    title: str
+    created_at: float  # seconds since the epoch
+    updated_at: float
+    message_count: int
+
+
+# -- schema ----------------------------------------------------------------------------------
+
+
+def _create_version_1(db: sqlite3.Connection) -> None:
+    db.execute(
+        """
+        CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            title TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )
+        """
+    )
+    # AUTOINCREMENT: ids never come back after a delete, so id order is message order and a
+    # stale id can never name a newer message.
+    db.execute(
+        """
+        CREATE TABLE messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL
+                REFERENCES conversations(id) ON DELETE CASCADE,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            spans TEXT,
+            stats TEXT,
+            method TEXT,
+            state TEXT NOT NULL,
+            error TEXT,
+            extra TEXT,
+            created_at REAL NOT NULL
+        )
+        """
+    )
+    db.execute("CREATE INDEX messages_by_conversation ON messages (conversation_id, id)")
+    db.execute("CREATE INDEX conversations_by_update ON conversations (updated_at)")
+
+
+# _MIGRATIONS[n] brings a database from user_version n to n + 1; version 0 is an empty file.
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_version_1,)
+assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+
+def migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring ``db`` up to :data:`SCHEMA_VERSION`, one version per transaction."""
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise HistoryError(
+            f"the chat history {path} was written by a newer SpecDeck "
+            f"(schema {version}, this version reads up to {SCHEMA_VERSION})"
+        )
+    for current in range(version, SCHEMA_VERSION):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            _MIGRATIONS[current](db)
+            db.execute(f"PRAGMA user_version = {current + 1}")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        log.info("chat history %s migrated to schema %d", path, current + 1)
+
+
+# -- the store -------------------------------------------------------------------------------
+
+
+def auto_title(message: str) -> str | None:
+    """A chat title from its first user message: the first line, shortened (None if blank)."""
+    for line in message.splitlines():
+        line = " ".join(line.split())
+        if line:
+            if len(line) > AUTO_TITLE_MAX_CHARS:
+                return line[:AUTO_TITLE_MAX_CHARS].rstrip() + ELLIPSIS
+            return line
+    return None
+
+
+class ChatStore:
+    """Conversations and messages in SQLite; every call is one committed transaction.
+
+    Used from the GUI thread only. The user's message is saved before generation starts and
+    the answer while it streams, so a crash loses nothing that was already on screen.
+    """
+
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self._clock = clock
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HistoryError(
+                f"cannot create the folder for the chat history {path}: {exc}"
+            ) from exc
+        try:
+            # isolation_level=None: no implicit transactions; each write method opens its own.
+            self._db = sqlite3.connect(path, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise HistoryError(f"cannot open the chat history {path}: {exc}") from exc
+        try:
+            self._open()
+        except HistoryError:
+            self._db.close()
+            raise
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise HistoryError(
+                f"the chat history {path} is not a readable SQLite database: {exc}"
+            ) from exc
+
+    def _open(self) -> None:
+        db = self._db
+        check = db.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise HistoryError(f"the chat history {self.path} is corrupt: {check}")
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("PRAGMA foreign_keys = ON")
+        migrate(db, self.path)
+        interrupted = db.execute(
+            "UPDATE messages SET state = 'interrupted' WHERE state = 'streaming'"
+        ).rowcount
+        if interrupted:
+            log.info("%d answer(s) were cut off when SpecDeck last stopped", interrupted)
+
+    @staticmethod
+    def default_path() -> Path:
+        """``<user data dir>/chats.sqlite3``."""
+        return user_data_dir() / HISTORY_FILE_NAME
+
+    @staticmethod
+    def move_aside(path: Path) -> Path:
+        """Rename a bad history file to ``<name>.broken-<timestamp>`` and return the new path.
+
+        Its ``-wal``/``-shm`` companions move with it, so a fresh history starts clean.
+        """
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = path.with_name(f"{path.name}.broken-{stamp}")
+        attempt = 1
+        while target.exists():
+            attempt += 1
+            target = path.with_name(f"{path.name}.broken-{stamp}-{attempt}")
+        try:
+            path.rename(target)
+            for suffix in _SIDE_FILE_SUFFIXES:
+                side = path.with_name(path.name + suffix)
+                if side.exists():
+                    side.rename(target.with_name(target.name + suffix))
+        except OSError as exc:
+            raise HistoryError(f"cannot move the chat history {path} aside: {exc}") from exc
+        return target
+
+    def close(self) -> None:
+        """Close the database (everything is already committed)."""
+        self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise HistoryError(f"the chat history {self.path} could not be saved: {exc}") from exc
+
+    def _query(self, sql: str, parameters: Sequence[object] = ()) -> list[Any]:
+        try:
+            return self._db.execute(sql, parameters).fetchall()
+        except sqlite3.Error as exc:
+            raise HistoryError(f"the chat history {self.path} could not be read: {exc}") from exc
+
+    # -- conversations -----------------------------------------------------------------------
+
+    def create_conversation(self, title: str = DEFAULT_TITLE) -> int:
+        """A new, empty conversation; returns its id."""
+        now = self._clock()
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO conversations (title, created_at, updated_at) VALUES (?, ?, ?)",
+                (title, now, now),
+            )
+        return _row_id(cursor)
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        """Give a conversation a new title (its place in the list stays)."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id)
+            )
+            _require_row(cursor, "conversation", conversation_id)
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        """Delete a conversation and all its messages."""
+        with self._transaction() as db:
+            cursor = db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+            _require_row(cursor, "conversation", conversation_id)
+
+    def list_conversations(self) -> list[ConversationSummary]:
+        """Every conversation, the most recently updated first."""
+        rows = self._query(
+            """
+            SELECT c.id, c.title, c.created_at, c.updated_at,
+                   (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id)
+            FROM conversations c
+            ORDER BY c.updated_at DESC, c.id DESC
+            """
+        )
+        return [
+            ConversationSummary(int(cid), str(title), float(created), float(updated), int(count))
+            for cid, title, created, updated, count in rows
+        ]
+
+    def conversation_title(self, conversation_id: int) -> str:
+        """The title of a conversation."""
+        rows = self._query("SELECT title FROM conversations WHERE id = ?", (conversation_id,))
+        if not rows:
+            raise KeyError(f"no conversation {conversation_id}")
+        return str(rows[0][0])
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def add_message(self, conversation_id: int, role: Role, content: str) -> int:
+        """Save a complete user or system message; the first user message titles a new chat."""
+        if role not in ("user", "system"):
+            raise ValueError(f"add_message saves user and system messages, not {role!r}")
+        now = self._clock()
+        with self._transaction() as db:
+            title_rows = db.execute(
+                "SELECT title FROM conversations WHERE id = ?", (conversation_id,)
+            ).fetchall()
+            if not title_rows:
+                raise KeyError(f"no conversation {conversation_id}")
+            retitle = None
+            if role == "user" and title_rows[0][0] == DEFAULT_TITLE:
+                earlier_user_message = db.execute(
+                    "SELECT 1 FROM messages WHERE conversation_id = ? AND role = 'user' LIMIT 1",
+                    (conversation_id,),
+                ).fetchone()
+                if earlier_user_message is None:
+                    retitle = auto_title(content)
+            cursor = db.execute(
+                "INSERT INTO messages (conversation_id, role, content, state, created_at)"
+                " VALUES (?, ?, ?, 'complete', ?)",
+                (conversation_id, role, content, now),
+            )
+            db.execute(
+                "UPDATE conversations SET updated_at = ?, title = COALESCE(?, title) WHERE id = ?",
+                (now, retitle, conversation_id),
+            )
+        return _row_id(cursor)
+
+    def begin_answer(self, conversation_id: int, method: str | None) -> int:
+        """An empty assistant message in state "streaming"; returns its id."""
+        now = self._clock()
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO messages"
+                " (conversation_id, role, content, spans, method, state, created_at)"
+                " VALUES (?, 'assistant', '', '[]', ?, 'streaming', ?)",
+                (conversation_id, method, now),
+            )
+            db.execute(
+                "UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id)
+            )
+        return _row_id(cursor)
+
+    def update_answer(self, message_id: int, content: str, spans: Sequence[TokenSpan]) -> None:
+        """Save the text streamed so far (one UPDATE: called every half second or so)."""
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE messages SET content = ?, spans = ? WHERE id = ?",
+                (content, _to_json(spans_to_json(spans)), message_id),
+            )
+
+    def finish_answer(
+        self,
+        message_id: int,
+        content: str,
+        spans: Sequence[TokenSpan],
+        stats: SpeculationStats | None,
+        state: MessageState,
+        error: str | None = None,
+        extra: dict[str, object] | None = None,
+    ) -> None:
+        """Save the final answer with its stats and how it ended."""
+        if state not in _STATES:
+            raise ValueError(f"unknown message state {state!r}")
+        now = self._clock()
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE messages SET content = ?, spans = ?, stats = ?, state = ?, error = ?,"
+                " extra = ? WHERE id = ?",
+                (
+                    content,
+                    _to_json(spans_to_json(spans)),
+                    None if stats is None else _to_json(stats_to_wire(stats)),
+                    state,
+                    error,
+                    None if not extra else _to_json(extra),
+                    message_id,
+                ),
+            )
+            _require_row(cursor, "message", message_id)
+            db.execute(
+                "UPDATE conversations SET updated_at = ?"
+                " WHERE id = (SELECT conversation_id FROM messages WHERE id = ?)",
+                (now, message_id),
+            )
+
+    def messages(self, conversation_id: int) -> list[MessageRecord]:
+        """The messages of a conversation, in order."""
+        rows = self._query(
+            "SELECT id, role, content, spans, stats, method, state, error, extra"
+            " FROM messages WHERE conversation_id = ? ORDER BY id",
+            (conversation_id,),
+        )
+        return [self._record(*row) for row in rows]
+
+    def delete_messages_from(self, message_id: int) -> None:
+        """Delete a message and every later one of its conversation (to regenerate an answer)."""
+        with self._transaction() as db:
+            db.execute(
+                "DELETE FROM messages WHERE id >= ? AND conversation_id ="
+                " (SELECT conversation_id FROM messages WHERE id = ?)",
+                (message_id, message_id),
+            )
+
+    def _record(
+        self,
+        message_id: int,
+        role: str,
+        content: str,
+        spans: str | None,
+        stats: str | None,
+        method: str | None,
+        state: str,
+        error: str | None,
+        extra: str | None,
+    ) -> MessageRecord:
+        if role not in _ROLES or state not in _STATES:
+            raise HistoryError(
+                f"the chat history {self.path} has a message with role {role!r} and state "
+                f"{state!r}, which this SpecDeck does not know"
+            )
+        try:
+            return MessageRecord(
+                role=cast("Role", role),
+                content=content,
+                spans=spans_from_json(json.loads(spans)) if spans else (),
+                stats=stats_from_wire(json.loads(stats)) if stats else None,
+                method=method,
+                state=cast("MessageState", state),
+                error=error,
+                message_id=int(message_id),
+                extra=dict(json.loads(extra)) if extra else {},
+            )
+        except (ValueError, TypeError) as exc:
+            raise HistoryError(
+                f"the chat history {self.path} has an unreadable message {message_id}: {exc}"
+            ) from exc
+
+
+def _to_json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _row_id(cursor: sqlite3.Cursor) -> int:
+    assert cursor.lastrowid is not None
+    return cursor.lastrowid
+
+
+def _require_row(cursor: sqlite3.Cursor, kind: str, row_id: int) -> None:
+    if cursor.rowcount == 0:
+        raise KeyError(f"no {kind} {row_id}")
+
+
+__all__ = [
+    "DEFAULT_TITLE",
+    "HISTORY_FILE_NAME",
+    "SCHEMA_VERSION",
+    "ChatStore",
+    "ConversationSummary",
+    "HistoryError",
+    "auto_title",
+    "migrate",
+]

@@ -1,0 +1,476 @@
+"""Side by side: one prompt answered with speculation, then by the main model alone."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, get_args
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QColor, QTextBlockFormat, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QTextBrowser, QVBoxLayout, QWidget
+
+from backends.speculative import TokenOrigin
+from gui.style import (
+    BAD,
+    CODE_BACKGROUND,
+    DRAFT_BACKGROUND,
+    DRAFT_BACKGROUND_IN_CODE,
+    DRAFT_TOOLTIP,
+    GOOD,
+    METER_REPAINT_MS,
+    MUTED_TEXT,
+    TARGET_TOOLTIP,
+    TOKEN_FLUSH_MS,
+    WARN,
+    monospace_font,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from backends.speculative import EmittedToken, SpeculationStats
+
+Run = Literal["speculative", "plain"]
+RUNS: tuple[Run, ...] = get_args(Run)
+ColumnState = Literal["waiting", "running", "done", "stopped"]
+
+PLAIN_TITLE = "Main model alone"
+SPECULATIVE_TITLE_PREFIX = "Speculative · "
+WAITING_TEXT = "waiting…"
+RUNNING_TEXT = "generating…"
+STOPPED_TEXT = "stopped"
+IDENTICAL_TEXT = "Identical text"
+DIFFERENT_TEXT = "Texts differ"
+NO_SPEEDUP_TEXT = "Speedup not measured: the main model alone produced no speed to compare"
+LEGEND_TEXT = "Green: drafted tokens the main model accepted"
+LEGEND_OFF_TEXT = "Draft highlighting is off"
+PLAIN_SUBTITLE = "The same prompt, one token per step, no drafting"
+CODE_FENCE = "```"
+
+BROWSER_BORDER = QColor("#e5e7eb")
+BROWSER_BACKGROUND = QColor("#ffffff")
+BROWSER_RADIUS_PX = 6
+DOCUMENT_MARGIN_PX = 10
+COLUMN_SPACING_PX = 14
+BADGE_RADIUS_PX = 10
+BADGE_TINT_ALPHA = 28  # of 255: a faint wash of the badge's colour behind its text
+TITLE_POINT_SCALE = 1.05
+SPEED_POINT_SCALE = 1.1
+BANNER_POINT_SCALE = 1.25
+SMALL_POINT_SCALE = 0.9
+
+
+def speedup_for(spec: SpeculationStats, plain: SpeculationStats) -> float | None:
+    """How many times faster the speculative run generated (None when plain has no speed)."""
+    plain_speed = plain.tokens_per_second
+    if plain_speed <= 0.0:
+        return None
+    return spec.tokens_per_second / plain_speed
+
+
+def speedup_banner_text(speedup: float) -> str:
+    """``"1.42× faster with speculation"`` or ``"0.91×: speculation was slower here"``."""
+    if speedup >= 1.0:
+        return f"{speedup:.2f}× faster with speculation"
+    return f"{speedup:.2f}×: speculation was slower here"
+
+
+def _speed_text(stats: SpeculationStats) -> str:
+    return f"{stats.tokens_per_second:.1f} tok/s"
+
+
+def _muted_style() -> str:
+    return f"color: {MUTED_TEXT.name()};"
+
+
+def _rgba(colour: QColor, alpha: int) -> str:
+    return f"rgba({colour.red()}, {colour.green()}, {colour.blue()}, {alpha})"
+
+
+class _AnswerDocument:
+    """Appends token text to a text browser, marking drafted tokens and fenced code blocks.
+
+    Code detection is line-based: a line starting with three backticks opens or closes a
+    block, which is enough for answers that follow Markdown's usual fences.
+    """
+
+    def __init__(self, browser: QTextBrowser, *, marks_drafts: bool) -> None:
+        self._browser = browser
+        self.marks_drafts = marks_drafts
+        self.highlight = True
+        self._in_code = False
+        self._line = ""
+
+    def clear(self) -> None:
+        self._browser.clear()
+        self._in_code = False
+        self._line = ""
+
+    def append(self, tokens: Sequence[EmittedToken]) -> None:
+        scrollbar = self._browser.verticalScrollBar()
+        # Follow the answer only while the reader is at its end, never pull them back down.
+        at_end = scrollbar.value() >= scrollbar.maximum()
+        cursor = QTextCursor(self._browser.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.beginEditBlock()
+        for token in tokens:
+            drafted = token.origin is TokenOrigin.DRAFT
+            for index, part in enumerate(token.text.split("\n")):
+                if index > 0:
+                    self._end_line(cursor)
+                if part:
+                    cursor.insertText(part, self._char_format(drafted))
+                    self._line += part
+        cursor.endEditBlock()
+        if at_end:
+            scrollbar.setValue(scrollbar.maximum())
+
+    def _end_line(self, cursor: QTextCursor) -> None:
+        is_fence = self._line.lstrip().startswith(CODE_FENCE)
+        if is_fence and not self._in_code:
+            self._in_code = True
+            # The opening fence was typed before it could be recognised: restyle its line.
+            cursor.setBlockFormat(self._block_format())
+            cursor.movePosition(QTextCursor.MoveOperation.StartOfBlock)
+            cursor.movePosition(
+                QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor
+            )
+            code_font = QTextCharFormat()
+            code_font.setFont(monospace_font())
+            cursor.mergeCharFormat(code_font)
+            cursor.clearSelection()
+        elif is_fence:
+            self._in_code = False
+        cursor.insertBlock(self._block_format(), self._char_format(drafted=False))
+        self._line = ""
+
+    def _block_format(self) -> QTextBlockFormat:
+        block = QTextBlockFormat()
+        if self._in_code:
+            block.setBackground(CODE_BACKGROUND)
+        return block
+
+    def _char_format(self, drafted: bool) -> QTextCharFormat:
+        char = QTextCharFormat()
+        if self._in_code:
+            char.setFont(monospace_font())
+        if self.marks_drafts and self.highlight:
+            if drafted:
+                colour = DRAFT_BACKGROUND_IN_CODE if self._in_code else DRAFT_BACKGROUND
+                char.setBackground(colour)
+                char.setToolTip(DRAFT_TOOLTIP)
+            else:
+                char.setToolTip(TARGET_TOOLTIP)
+        return char
+
+    def highlighted_text(self) -> str:
+        """The text drawn on a draft background, read back from the document."""
+        marked = {DRAFT_BACKGROUND.rgba(), DRAFT_BACKGROUND_IN_CODE.rgba()}
+        pieces: list[str] = []
+        block = self._browser.document().begin()
+        while block.isValid():
+            fragments = block.begin()
+            while not fragments.atEnd():
+                fragment = fragments.fragment()
+                background = fragment.charFormat().background()
+                if (
+                    background.style() != Qt.BrushStyle.NoBrush
+                    and background.color().rgba() in marked
+                ):
+                    pieces.append(fragment.text())
+                fragments += 1
+            block = block.next()
+        return "".join(pieces)
+
+
+class _Column(QWidget):
+    """One run's answer: a header with its title and live speed, the text, a status line."""
+
+    def __init__(self, run: Run, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.run = run
+        self.state: ColumnState = "waiting"
+        self.stats: SpeculationStats | None = None
+        self.tokens: list[EmittedToken] = []
+        self.pending: list[EmittedToken] = []
+
+        self.title = QLabel()
+        title_font = self.font()
+        title_font.setPointSizeF(title_font.pointSizeF() * TITLE_POINT_SCALE)
+        title_font.setBold(True)
+        self.title.setFont(title_font)
+        self.title.setWordWrap(True)
+        self.speed = QLabel()
+        speed_font = self.font()
+        speed_font.setPointSizeF(speed_font.pointSizeF() * SPEED_POINT_SCALE)
+        speed_font.setBold(True)
+        self.speed.setFont(speed_font)
+        self.speed.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        # Both columns have a subtitle, so that their texts start at the same height.
+        self.subtitle = QLabel(LEGEND_TEXT if run == "speculative" else PLAIN_SUBTITLE)
+        self.subtitle.setStyleSheet(_muted_style())
+        small_font = self.font()
+        small_font.setPointSizeF(small_font.pointSizeF() * SMALL_POINT_SCALE)
+        self.subtitle.setFont(small_font)
+
+        self.browser = QTextBrowser()
+        self.browser.setObjectName(f"{run}-answer")
+        self.browser.setReadOnly(True)
+        self.browser.setOpenExternalLinks(False)
+        self.browser.document().setDocumentMargin(DOCUMENT_MARGIN_PX)
+        self.browser.setStyleSheet(
+            f"QTextBrowser {{ background: {BROWSER_BACKGROUND.name()};"
+            f" border: 1px solid {BROWSER_BORDER.name()};"
+            f" border-radius: {BROWSER_RADIUS_PX}px; }}"
+        )
+        self.document = _AnswerDocument(self.browser, marks_drafts=run == "speculative")
+
+        self.status = QLabel()
+        self.status.setStyleSheet(_muted_style())
+        self.status.setFont(small_font)
+
+        header = QHBoxLayout()
+        header.setSpacing(8)
+        header.addWidget(self.title, 1)
+        header.addWidget(self.speed, 0)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(4)
+        layout.addLayout(header)
+        layout.addWidget(self.subtitle)
+        layout.addWidget(self.browser, 1)
+        layout.addWidget(self.status)
+
+    def reset(self, title: str, state: ColumnState) -> None:
+        self.title.setText(title)
+        self.state = state
+        self.stats = None
+        self.tokens.clear()
+        self.pending.clear()
+        self.document.clear()
+        self._update_header()
+        self._update_status()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        self.tokens.extend(batch)
+        self.document.append(batch)
+
+    def rerender(self) -> None:
+        self.flush()
+        self.document.clear()
+        self.document.append(self.tokens)
+
+    def _update_header(self) -> None:
+        self.speed.setText("" if self.stats is None else _speed_text(self.stats))
+
+    def _update_status(self) -> None:
+        self.browser.setPlaceholderText(WAITING_TEXT if self.state == "waiting" else "")
+        stats = self.stats
+        if self.state == "waiting":
+            text = WAITING_TEXT
+        elif self.state == "running":
+            text = RUNNING_TEXT
+            if stats is not None:
+                text = f"{RUNNING_TEXT} {stats.generated_tokens} tokens"
+        elif stats is None:
+            text = STOPPED_TEXT if self.state == "stopped" else ""
+        else:
+            parts = [
+                f"{stats.generated_tokens} tokens",
+                f"{stats.total_seconds:.2f} s",
+                _speed_text(stats),
+            ]
+            if self.run == "speculative" and stats.acceptance_rate is not None:
+                parts.append(f"{stats.acceptance_rate * 100:.0f}% of drafts accepted")
+            if self.state == "stopped":
+                parts.insert(0, STOPPED_TEXT)
+            text = " · ".join(parts)
+        self.status.setText(text)
+
+    def update_display(self) -> None:
+        self._update_header()
+        self._update_status()
+
+
+class CompareView(QWidget):
+    """Two answers to one prompt side by side: with speculation, and the main model alone.
+
+    Tokens and stats arrive at any rate; the text is appended every ``TOKEN_FLUSH_MS`` and
+    the speeds are repainted every ``METER_REPAINT_MS``.
+
+    Emits no signals.
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._columns: dict[Run, _Column] = {run: _Column(run) for run in RUNS}
+
+        self._flush_timer = QTimer(self)
+        self._flush_timer.setSingleShot(True)
+        self._flush_timer.setInterval(TOKEN_FLUSH_MS)
+        self._flush_timer.timeout.connect(self._update_text)
+        self._stats_timer = QTimer(self)
+        self._stats_timer.setSingleShot(True)
+        self._stats_timer.setInterval(METER_REPAINT_MS)
+        self._stats_timer.timeout.connect(self._update_speeds)
+
+        self._banner = QLabel()
+        self._banner.setObjectName("speedup-banner")
+        banner_font = self.font()
+        banner_font.setPointSizeF(banner_font.pointSizeF() * BANNER_POINT_SCALE)
+        banner_font.setBold(True)
+        self._banner.setFont(banner_font)
+        self._banner.setWordWrap(True)
+        self._banner.hide()
+        self._badge = QLabel()
+        self._badge.setObjectName("identical-badge")
+        self._badge.hide()
+
+        banner_row = QHBoxLayout()
+        banner_row.setSpacing(12)
+        banner_row.addWidget(self._banner, 1)
+        banner_row.addWidget(self._badge, 0, Qt.AlignmentFlag.AlignVCenter)
+        columns = QHBoxLayout()
+        columns.setSpacing(COLUMN_SPACING_PX)
+        for run in RUNS:
+            columns.addWidget(self._columns[run], 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 10, 12, 10)
+        layout.setSpacing(8)
+        layout.addLayout(banner_row)
+        layout.addLayout(columns, 1)
+        self.begin("")
+
+    # --- what the main window calls -------------------------------------------------------
+
+    def begin(self, speculative_label: str) -> None:
+        """A comparison starts: empty columns, the speculative run first, the other waiting."""
+        self._flush_timer.stop()
+        self._stats_timer.stop()
+        title = SPECULATIVE_TITLE_PREFIX + speculative_label if speculative_label else "Speculative"
+        self._columns["speculative"].reset(title, "running")
+        self._columns["plain"].reset(PLAIN_TITLE, "waiting")
+        self._update_result_hidden()
+
+    def append_tokens(self, run: Run, tokens: Sequence[EmittedToken]) -> None:
+        """Queue ``tokens`` for ``run``'s column; they appear on the next flush."""
+        column = self._columns[run]
+        self._mark_started(column)
+        column.pending.extend(tokens)
+        if not self._flush_timer.isActive():
+            self._flush_timer.start()
+
+    def update_stats(self, run: Run, stats: SpeculationStats) -> None:
+        """Take a live snapshot for ``run``; its speed follows on the next repaint."""
+        column = self._columns[run]
+        self._mark_started(column)
+        column.stats = stats
+        if not self._stats_timer.isActive():
+            self._stats_timer.start()
+
+    def finish_run(self, run: Run, stats: SpeculationStats) -> None:
+        """``run`` ended with ``stats``: its final speed, token count and time."""
+        column = self._columns[run]
+        column.flush()
+        column.stats = stats
+        column.state = "done"
+        column.update_display()
+
+    def set_result(self, speedup: float | None, identical: bool | None) -> None:
+        """After both runs: the speedup banner, and whether the texts match (None: no badge)."""
+        if speedup is None:
+            self._banner.setText(NO_SPEEDUP_TEXT)
+            self._banner.setStyleSheet(_muted_style())
+        else:
+            colour = GOOD if speedup >= 1.0 else WARN
+            self._banner.setText(speedup_banner_text(speedup))
+            self._banner.setStyleSheet(f"color: {colour.name()};")
+        self._banner.show()
+        if identical is None:
+            self._badge.setText("")
+            self._badge.hide()
+            return
+        colour = GOOD if identical else BAD
+        self._badge.setText(IDENTICAL_TEXT if identical else DIFFERENT_TEXT)
+        self._badge.setToolTip(
+            "At temperature 0 speculation must not change the text: both runs wrote the same"
+            if identical
+            else "The two answers are not the same text"
+        )
+        self._badge.setStyleSheet(
+            f"color: {colour.name()}; background: {_rgba(colour, BADGE_TINT_ALPHA)};"
+            f" border: 1px solid {colour.name()}; border-radius: {BADGE_RADIUS_PX}px;"
+            " padding: 2px 10px; font-weight: bold;"
+        )
+        self._badge.show()
+
+    def cancel(self) -> None:
+        """The comparison was stopped: every unfinished column says so."""
+        self._flush_timer.stop()
+        self._stats_timer.stop()
+        for column in self._columns.values():
+            column.flush()
+            if column.state != "done":
+                column.state = "stopped"
+            column.update_display()
+
+    def set_visualize_drafts(self, on: bool) -> None:
+        """Show (or not) the speculative column's accepted draft tokens on green."""
+        column = self._columns["speculative"]
+        if column.document.highlight == on:
+            return
+        column.document.highlight = on
+        column.subtitle.setText(LEGEND_TEXT if on else LEGEND_OFF_TEXT)
+        column.rerender()
+
+    # --- readback -------------------------------------------------------------------------
+
+    def column_text(self, run: Run) -> str:
+        """The text displayed in ``run``'s column."""
+        return self._columns[run].browser.toPlainText()
+
+    def column_title_text(self, run: Run) -> str:
+        """The title in ``run``'s header."""
+        return self._columns[run].title.text()
+
+    def column_speed_text(self, run: Run) -> str:
+        """The speed displayed in ``run``'s header ("" before any stats)."""
+        return self._columns[run].speed.text()
+
+    def column_status_text(self, run: Run) -> str:
+        """The status line under ``run``'s column ("waiting…", "stopped", the totals)."""
+        return self._columns[run].status.text()
+
+    def speedup_text(self) -> str:
+        """The banner's text ("" while hidden)."""
+        return self._banner.text() if not self._banner.isHidden() else ""
+
+    def badge_text(self) -> str:
+        """The identical/different badge's text ("" while hidden)."""
+        return self._badge.text() if not self._badge.isHidden() else ""
+
+    def highlighted_text(self, run: Run = "speculative") -> str:
+        """``run``'s text on a draft background, read back from its document."""
+        return self._columns[run].document.highlighted_text()
+
+    # --- timers and updates ---------------------------------------------------------------
+
+    def _update_result_hidden(self) -> None:
+        for label in (self._banner, self._badge):
+            label.setText("")
+            label.hide()
+
+    def _mark_started(self, column: _Column) -> None:
+        if column.state == "waiting":
+            column.state = "running"
+            column.update_display()
+
+    def _update_text(self) -> None:
+        for column in self._columns.values():
+            column.flush()
+
+    def _update_speeds(self) -> None:
+        for column in self._columns.values():
+            column.update_display()

@@ -1,0 +1,266 @@
+"""The window's side of the engine process: a QProcess speaking the JSON-lines protocol.
+
+Nothing here blocks: commands are written to the child's stdin, events arrive through
+``readyReadStandardOutput`` on the main thread and are turned into typed signals. When the
+child dies without being asked to (a native abort in llama.cpp, the OOM killer, a kill),
+``crashed`` says so with the last lines the child logged; the window stays.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
+
+from backends.engine import LoadReport
+from backends.engine_protocol import (
+    decode,
+    encode,
+    generate_command,
+    load_command,
+    stats_from_wire,
+    tokens_from_wire,
+)
+from backends.hardware import ComputeDevice
+
+if TYPE_CHECKING:
+    from backends.engine_protocol import GenerateRequest, LoadRequest
+
+log = logging.getLogger("gui.engine")
+
+STDERR_LINES_KEPT = 40
+QUIT_GRACE_MS = 3000  # how long a quitting engine may take to free its models
+
+
+@dataclass(frozen=True)
+class LoadedPair:
+    """What the engine process loaded, as it reported it."""
+
+    main: LoadReport
+    draft: LoadReport | None
+    exact_batch_limit: int | None
+    n_ctx: int
+    method: str
+    gpus: tuple[ComputeDevice, ...] = ()
+
+
+def engine_command() -> list[str]:
+    """How to start the engine process: the frozen app runs it with a flag, else a module."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, "--engine-server"]
+    return [sys.executable, "-m", "backends.engine_server"]
+
+
+def _report(raw: dict[str, Any]) -> LoadReport:
+    return LoadReport(**{**raw, "notes": tuple(raw.get("notes", ()))})
+
+
+class EngineClient(QObject):
+    """Drives one engine process.
+
+    Signals:
+        ready(list): the process started; the engines it has ("llama.cpp", "mlx").
+        load_progress(float, str): loading, as a fraction in [0, 1] and what is happening.
+        loaded(LoadedPair): the models are in memory.
+        unloaded(): the models were freed.
+        run_started(int, str, int): request id, run ("speculative" or "plain"), prompt tokens.
+        tokens_arrived(int, str, list, SpeculationStats): one round's tokens and the stats.
+        run_finished(int, str, list, SpeculationStats): the last tokens and the final stats.
+        compared(int, object, object): request id, speedup (float or None), identical
+            (bool, or None above temperature 0).
+        failed(str, object): a one-line error, and the request id it ends (or None).
+        crashed(str): the process ended without being asked to; a one-line message.
+    """
+
+    ready = Signal(list)
+    load_progress = Signal(float, str)
+    loaded = Signal(object)
+    unloaded = Signal()
+    run_started = Signal(int, str, int)
+    tokens_arrived = Signal(int, str, list, object)
+    run_finished = Signal(int, str, list, object)
+    compared = Signal(int, object, object)
+    failed = Signal(str, object)
+    crashed = Signal(str)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._process: QProcess | None = None
+        self._buffer = b""
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES_KEPT)
+        self._stopping = False
+        self._next_request_id = 1
+        self.engines: list[str] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether the engine process is up."""
+        return (
+            self._process is not None and self._process.state() != QProcess.ProcessState.NotRunning
+        )
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id (None when it is not running)."""
+        if not self.running or self._process is None:
+            return None
+        pid = int(self._process.processId())
+        return pid or None
+
+    def start(self) -> None:
+        """Start the engine process (a no-op when it runs)."""
+        if self.running:
+            return
+        self._buffer = b""
+        self._stderr_tail.clear()
+        self._stopping = False
+        process = QProcess(self)
+        environment = QProcessEnvironment.systemEnvironment()
+        environment.insert("PYTHONUNBUFFERED", "1")
+        process.setProcessEnvironment(environment)
+        process.readyReadStandardOutput.connect(self._read_events)
+        process.readyReadStandardError.connect(self._read_log)
+        process.finished.connect(self._on_finished)
+        process.errorOccurred.connect(self._on_error)
+        program, *arguments = engine_command()
+        self._process = process
+        process.start(program, arguments)
+
+    def stop(self) -> None:
+        """Ask the process to quit and wait briefly; kill it if it does not."""
+        process = self._process
+        if process is None or not self.running:
+            return
+        self._stopping = True
+        self._send({"type": "quit"})
+        process.closeWriteChannel()
+        if not process.waitForFinished(QUIT_GRACE_MS):
+            process.kill()
+            process.waitForFinished(QUIT_GRACE_MS)
+
+    def last_log_lines(self) -> list[str]:
+        """What the engine process last wrote to its log (for crash reports)."""
+        return list(self._stderr_tail)
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def load(self, request: LoadRequest) -> None:
+        """Load a model pair (starting the process if needed)."""
+        self.start()
+        self._send(load_command(request))
+
+    def unload(self) -> None:
+        """Free the loaded models."""
+        self._send({"type": "unload"})
+
+    def generate(self, request: GenerateRequest) -> None:
+        """Start answering; events carry ``request.request_id``."""
+        self._send(generate_command(request))
+
+    def new_request_id(self) -> int:
+        """A fresh id for a generate request."""
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        return request_id
+
+    def cancel(self) -> None:
+        """Stop the running generation (its ``run_finished`` says ``cancelled``)."""
+        self._send({"type": "cancel"})
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._process is None or not self.running:
+            self.failed.emit("the engine is not running; load a model first", None)
+            return
+        self._process.write(encode(message))
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _read_events(self) -> None:
+        if self._process is None:
+            return
+        self._buffer += bytes(self._process.readAllStandardOutput().data())
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                self._dispatch(decode(line))
+            except (ValueError, KeyError, TypeError) as error:
+                log.warning("unreadable engine event %r: %s", line[:120], error)
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "tokens":
+            self.tokens_arrived.emit(
+                event["request_id"],
+                event["run"],
+                tokens_from_wire(event["tokens"]),
+                stats_from_wire(event["stats"]),
+            )
+        elif kind == "load_progress":
+            self.load_progress.emit(float(event["fraction"]), str(event["message"]))
+        elif kind == "started":
+            self.run_started.emit(event["request_id"], event["run"], event["prompt_tokens"])
+        elif kind == "finished":
+            self.run_finished.emit(
+                event["request_id"],
+                event["run"],
+                tokens_from_wire(event["tokens"]),
+                stats_from_wire(event["stats"]),
+            )
+        elif kind == "compared":
+            self.compared.emit(event["request_id"], event["speedup"], event["identical"])
+        elif kind == "loaded":
+            draft = event["draft"]
+            self.loaded.emit(
+                LoadedPair(
+                    main=_report(event["main"]),
+                    draft=_report(draft) if draft is not None else None,
+                    exact_batch_limit=event["exact_batch_limit"],
+                    n_ctx=int(event["n_ctx"]),
+                    method=str(event["method"]),
+                    gpus=tuple(ComputeDevice(**gpu) for gpu in event.get("gpus", ())),
+                )
+            )
+        elif kind == "unloaded":
+            self.unloaded.emit()
+        elif kind == "error":
+            self.failed.emit(str(event["message"]), event.get("request_id"))
+        elif kind == "ready":
+            self.engines = list(event["engines"])
+            self.ready.emit(self.engines)
+        else:
+            log.warning("unknown engine event %r", kind)
+
+    def _read_log(self) -> None:
+        if self._process is None:
+            return
+        text = bytes(self._process.readAllStandardError().data()).decode("utf-8", "replace")
+        for line in text.splitlines():
+            if line.strip():
+                self._stderr_tail.append(line.rstrip())
+                log.debug("engine: %s", line.rstrip())
+
+    def _on_finished(self, exit_code: int, status: QProcess.ExitStatus) -> None:
+        self._read_events()
+        if self._stopping:
+            return
+        if status == QProcess.ExitStatus.CrashExit:
+            how = "crashed"
+        else:
+            how = f"exited with code {exit_code}"
+        detail = next((line for line in reversed(self._stderr_tail) if line.strip()), "")
+        message = f"the engine process {how}"
+        if detail:
+            message += f": {detail[-200:]}"
+        self.crashed.emit(message)
+
+    def _on_error(self, error: QProcess.ProcessError) -> None:
+        if error == QProcess.ProcessError.FailedToStart:
+            self.crashed.emit(f"the engine process could not start ({' '.join(engine_command())})")

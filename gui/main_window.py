@@ -1,0 +1,666 @@
+"""The main window: conversations, the chat, the comparison, the meter and the model sidebar.
+
+The window owns no model: an :class:`EngineClient` runs them in a child process, and every
+answer streams in as signals on the GUI thread. The chat history is written to SQLite
+before and while an answer is generated, so a crash of the engine (or of the app) loses
+nothing already on screen.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QKeyEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from backends.catalog import default_model_folders, scan_models
+from backends.engine import ChatMessage
+from backends.engine_protocol import GenerateRequest
+from backends.errors import SpecDeckError
+from backends.paths import user_data_dir
+from gui.background import BackgroundTask
+from gui.chat_pane import ChatPane
+from gui.chat_store import ChatStore, HistoryError
+from gui.compare_view import CompareView
+from gui.conversation_list import ConversationList
+from gui.engine_client import EngineClient
+from gui.first_run import FirstRunDialog
+from gui.meter import AcceptanceMeter
+from gui.settings import AppSettings, extra_model_folders, generation_settings
+from gui.sidebar import Sidebar
+from gui.status_bar import ResourceStatusBar, format_bytes
+from gui.style import ERROR_TEXT
+from gui.transcript import spans_from_tokens
+
+if TYPE_CHECKING:
+    from backends.catalog import CatalogScan
+    from backends.engine_protocol import LoadRequest
+    from backends.speculative import EmittedToken, SpeculationStats
+    from gui.engine_client import LoadedPair
+    from gui.transcript import MessageState
+
+log = logging.getLogger("gui")
+
+SAVE_ANSWER_INTERVAL_MS = 500  # how often a streaming answer is written to the history
+WINDOW_STATE_FILE = "window.ini"
+
+
+class MessageInput(QPlainTextEdit):
+    """The message box: Enter sends, Shift+Enter starts a new line.
+
+    Signals:
+        submitted(): Enter was pressed.
+    """
+
+    submitted = Signal()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt's name
+        """Enter submits unless Shift is held."""
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            self.submitted.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class _Answer:
+    """The answer being generated: where it is stored and what has arrived."""
+
+    def __init__(self, request_id: int, message_id: int, conversation_id: int, compare: bool):
+        self.request_id = request_id
+        self.message_id = message_id
+        self.conversation_id = conversation_id
+        self.compare = compare
+        self.tokens: list[EmittedToken] = []
+        self.stats: SpeculationStats | None = None
+        self.plain_stats: SpeculationStats | None = None
+        self.speculative_done = False
+        self.dirty = False
+
+    @property
+    def text(self) -> str:
+        return "".join(token.text for token in self.tokens)
+
+
+class MainWindow(QMainWindow):
+    """SpecDeck's window.
+
+    Signals:
+        answer_finished(str): an answer ended; its state ("complete", "cancelled", "error").
+        models_loaded(): the engine reported a loaded pair.
+    """
+
+    answer_finished = Signal(str)
+    models_loaded = Signal()
+
+    def __init__(
+        self,
+        settings: AppSettings | None = None,
+        store: ChatStore | None = None,
+        *,
+        offer_first_run: bool = True,
+    ) -> None:
+        super().__init__()
+        self.setWindowTitle("SpecDeck")
+        self.settings = settings or AppSettings()
+        self.store = store or _open_history(self)
+        self.client = EngineClient(self)
+        self.offer_first_run = offer_first_run
+        self.catalog: CatalogScan | None = None
+        self.loaded: LoadedPair | None = None
+        self.last_load: LoadRequest | None = None
+        self.answer: _Answer | None = None
+        self.conversation_id: int | None = None
+        self._scan_task: BackgroundTask | None = None
+        self._load_after_scan = False
+
+        self._build()
+        self._connect()
+        self._restore_window_state()
+        self.conversations.refresh()
+        summaries = self.store.list_conversations()
+        if summaries:
+            self.open_conversation(summaries[0].conversation_id)
+        else:
+            self.new_chat()
+        self._update_controls()
+        self.rescan_models()
+
+    # -- construction ------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        self.conversations = ConversationList(self.store)
+        self.chat = ChatPane()
+        self.chat.set_visualize_drafts(bool(self.settings.get("visualize_drafts")))
+        self.compare_view = CompareView()
+        self.compare_view.set_visualize_drafts(bool(self.settings.get("visualize_drafts")))
+        self.meter = AcceptanceMeter()
+        self.sidebar = Sidebar(self.settings)
+        self.status = ResourceStatusBar()
+        self.setStatusBar(self.status)
+
+        self.crash_banner = QWidget()
+        banner_layout = QHBoxLayout(self.crash_banner)
+        banner_layout.setContentsMargins(8, 4, 8, 4)
+        self.crash_label = QLabel()
+        self.crash_label.setWordWrap(True)
+        self.crash_label.setStyleSheet(f"color: {ERROR_TEXT.name()}")
+        self.reload_button = QPushButton("Reload models")
+        banner_layout.addWidget(self.crash_label, 1)
+        banner_layout.addWidget(self.reload_button)
+        self.crash_banner.hide()
+
+        self.input = MessageInput()
+        self.input.setPlaceholderText("Ask something… (Enter sends, Shift+Enter new line)")
+        self.input.setMaximumHeight(96)
+        self.send_button = QPushButton("Send")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop generating (Esc)")
+        self.regenerate_button = QPushButton("Regenerate")
+        self.regenerate_button.setToolTip("Answer the last message again")
+        self.copy_button = QPushButton("Copy")
+        self.copy_button.setToolTip("Copy the last answer")
+        self.compare_toggle = QCheckBox("Compare side by side")
+        self.compare_toggle.setToolTip(
+            "Answer each message twice from the same state, with speculative decoding and "
+            "with the main model alone, one after the other, and show the speedup"
+        )
+        self.compare_toggle.setChecked(bool(self.settings.get("compare")))
+        self.visualize_toggle = QCheckBox("Visualize accepted draft tokens")
+        self.visualize_toggle.setToolTip(
+            "Show tokens that were drafted and accepted by the main model on a green background"
+        )
+        self.visualize_toggle.setChecked(bool(self.settings.get("visualize_drafts")))
+
+        toggles = QHBoxLayout()
+        toggles.addWidget(self.compare_toggle)
+        toggles.addWidget(self.visualize_toggle)
+        toggles.addStretch()
+        toggles.addWidget(self.copy_button)
+        toggles.addWidget(self.regenerate_button)
+        entry = QHBoxLayout()
+        entry.addWidget(self.input, 1)
+        buttons = QVBoxLayout()
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        entry.addLayout(buttons)
+
+        self.center_split = QSplitter(Qt.Orientation.Vertical)
+        self.center_split.addWidget(self.chat)
+        self.center_split.addWidget(self.compare_view)
+        self.center_split.setStretchFactor(0, 3)
+        self.center_split.setStretchFactor(1, 2)
+        self.compare_view.setVisible(self.compare_toggle.isChecked())
+
+        center = QWidget()
+        center_layout = QVBoxLayout(center)
+        center_layout.setContentsMargins(4, 4, 4, 4)
+        center_layout.addWidget(self.crash_banner)
+        center_layout.addWidget(self.center_split, 1)
+        center_layout.addLayout(toggles)
+        center_layout.addLayout(entry)
+
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(self.meter)
+        right.addWidget(self.sidebar)
+        right.setStretchFactor(1, 1)
+
+        self.main_split = QSplitter(Qt.Orientation.Horizontal)
+        self.main_split.addWidget(self.conversations)
+        self.main_split.addWidget(center)
+        self.main_split.addWidget(right)
+        self.main_split.setStretchFactor(1, 1)
+        self.main_split.setSizes([210, 760, 330])
+        self.setCentralWidget(self.main_split)
+        self.resize(1360, 860)
+
+        stop = QAction("Stop", self)
+        stop.setShortcut(QKeySequence(Qt.Key.Key_Escape))
+        stop.triggered.connect(self.stop_generation)
+        self.addAction(stop)  # Ctrl+N belongs to the conversation list's "New chat"
+
+        self._save_timer = QTimer(self)
+        self._save_timer.setInterval(SAVE_ANSWER_INTERVAL_MS)
+        self._save_timer.timeout.connect(self._save_streaming_answer)
+
+    def _connect(self) -> None:
+        client = self.client
+        client.load_progress.connect(self.sidebar.set_load_progress)
+        client.loaded.connect(self._on_loaded)
+        client.unloaded.connect(self._on_unloaded)
+        client.tokens_arrived.connect(self._on_tokens)
+        client.run_finished.connect(self._on_run_finished)
+        client.compared.connect(self._on_compared)
+        client.failed.connect(self._on_engine_error)
+        client.crashed.connect(self._on_engine_crashed)
+
+        self.sidebar.load_requested.connect(self.load_models)
+        self.sidebar.unload_requested.connect(self.unload_models)
+        self.sidebar.pair_changed.connect(self._update_estimate)
+        self.sidebar.open_folder_requested.connect(self._show_first_run)
+        self.sidebar.fetch_default_pair_requested.connect(self._show_first_run)
+        self.settings.changed.connect(self._on_setting_changed)
+
+        self.conversations.conversation_selected.connect(self.open_conversation)
+        self.conversations.new_chat_requested.connect(self.new_chat)
+        self.conversations.conversation_deleted.connect(self._on_conversation_deleted)
+
+        self.input.submitted.connect(self.send_message)
+        self.send_button.clicked.connect(self.send_message)
+        self.stop_button.clicked.connect(self.stop_generation)
+        self.regenerate_button.clicked.connect(self.regenerate)
+        self.copy_button.clicked.connect(lambda: self.chat.copy_answer(-1))
+        self.compare_toggle.toggled.connect(lambda on: self.settings.set("compare", on))
+        self.visualize_toggle.toggled.connect(lambda on: self.settings.set("visualize_drafts", on))
+        self.reload_button.clicked.connect(self.reload_models)
+
+    # -- models ------------------------------------------------------------------------------
+
+    def rescan_models(self) -> None:
+        """Read the model folders on a worker thread and fill the pickers."""
+        folders = default_model_folders()
+        for path in extra_model_folders(self.settings):
+            if path.is_dir() and path not in folders:
+                folders.append(path)
+        task = self._scan_task = BackgroundTask(lambda _report: scan_models(folders), self)
+        task.succeeded.connect(self._on_scanned)
+        task.failed.connect(self.sidebar.show_error)
+        task.start()
+
+    def load_when_scanned(self) -> None:
+        """Load the sidebar's selected pair as soon as the model folders have been read."""
+        if self.catalog is not None:
+            self._load_selected_pair()
+        else:
+            self._load_after_scan = True
+
+    def _load_selected_pair(self) -> None:
+        try:
+            request = self.sidebar.load_request()
+        except SpecDeckError as error:
+            self.sidebar.show_error(str(error))
+            return
+        self.load_models(request)
+
+    def _on_scanned(self, scan: object) -> None:
+        self.catalog = scan  # type: ignore[assignment]
+        assert self.catalog is not None
+        self.sidebar.set_catalog(self.catalog)
+        self._update_estimate()
+        if self._load_after_scan and self.catalog.models:
+            self._load_after_scan = False
+            self._load_selected_pair()
+        if not self.catalog.models and self.offer_first_run:
+            self.offer_first_run = False
+            QTimer.singleShot(0, self._show_first_run)
+
+    def _show_first_run(self) -> None:
+        dialog = FirstRunDialog(self)
+        if dialog.exec() and dialog.chosen_folder is not None:
+            folders = [*map(str, extra_model_folders(self.settings)), str(dialog.chosen_folder)]
+            self.settings.set("extra_model_folders", os.pathsep.join(dict.fromkeys(folders)))
+        else:
+            self.rescan_models()
+
+    def load_models(self, request: object) -> None:
+        """Load the pair the sidebar asked for in the engine process."""
+        assert not isinstance(request, str)
+        self.last_load = request  # type: ignore[assignment]
+        self.crash_banner.hide()
+        self.loaded = None
+        self.sidebar.set_loading(True)
+        self.sidebar.clear_error()
+        self.client.load(request)  # type: ignore[arg-type]
+        self.status.set_engine_pid(self.client.pid)
+        self._update_controls()
+
+    def unload_models(self) -> None:
+        """Free the models (the engine process stays, empty)."""
+        if self.answer is not None:
+            self.stop_generation()
+        self.client.unload()
+
+    def reload_models(self) -> None:
+        """After a crash: start a fresh engine process and load the last pair again."""
+        self.crash_banner.hide()
+        if self.last_load is not None:
+            self.load_models(self.last_load)
+
+    def _on_loaded(self, pair: object) -> None:
+        self.loaded = pair  # type: ignore[assignment]
+        assert self.loaded is not None
+        self.sidebar.set_loaded(self.loaded.main, self.loaded.draft)
+        self.status.set_engine_pid(self.client.pid)
+        self.status.set_gpu(_gpu_summary(self.loaded))
+        self._update_controls()
+        self.models_loaded.emit()
+
+    def _on_unloaded(self) -> None:
+        self.loaded = None
+        self.sidebar.set_unloaded()
+        self.status.set_gpu("No model loaded")
+        self._update_controls()
+
+    def _update_estimate(self) -> None:
+        main = self.sidebar.selected_main()
+        draft = self.sidebar.selected_draft()
+        self.status.set_pair_estimate(main, draft, int(self.settings.get("context_size")))
+
+    # -- conversations -----------------------------------------------------------------------
+
+    def new_chat(self) -> None:
+        """Start an empty conversation (Ctrl+N)."""
+        if self.answer is not None:
+            return
+        conversation_id = self.store.create_conversation()
+        self.conversations.refresh()
+        self.open_conversation(conversation_id)
+
+    def open_conversation(self, conversation_id: int) -> None:
+        """Show a stored conversation."""
+        if self.answer is not None and conversation_id != self.conversation_id:
+            self.conversations.select(self.conversation_id or conversation_id)
+            self.statusBar().showMessage("Wait for the answer to finish, or stop it (Esc)", 4000)
+            return
+        self.conversation_id = conversation_id
+        self.chat.set_messages(self.store.messages(conversation_id))
+        self.conversations.select(conversation_id)
+        self._update_controls()
+
+    def _on_conversation_deleted(self, conversation_id: int) -> None:
+        if conversation_id != self.conversation_id:
+            return
+        self.conversation_id = None
+        summaries = self.store.list_conversations()
+        if summaries:
+            self.open_conversation(summaries[0].conversation_id)
+        else:
+            self.new_chat()
+
+    def _history(self) -> list[ChatMessage]:
+        assert self.conversation_id is not None
+        messages: list[ChatMessage] = []
+        system = str(self.settings.get("system_prompt") or "").strip()
+        if system:
+            messages.append(ChatMessage("system", system))
+        for record in self.store.messages(self.conversation_id):
+            if record.role == "assistant" and not record.content:
+                continue
+            messages.append(ChatMessage(record.role, record.content))
+        return messages
+
+    # -- generation --------------------------------------------------------------------------
+
+    def send_message(self) -> None:
+        """Save the typed message, then ask the engine to answer it."""
+        text = self.input.toPlainText().strip()
+        if not text or self.answer is not None:
+            return
+        if self.loaded is None:
+            self.sidebar.show_error("Load a main model first (Load in the sidebar)")
+            return
+        if self.conversation_id is None:
+            self.new_chat()
+        assert self.conversation_id is not None
+        self.store.add_message(self.conversation_id, "user", text)
+        self.conversations.refresh()
+        self.conversations.select(self.conversation_id)
+        self.input.clear()
+        self.chat.append_user_message(text)
+        self._start_answer()
+
+    def regenerate(self) -> None:
+        """Drop the last answer and answer the last user message again."""
+        if self.answer is not None or self.conversation_id is None or self.loaded is None:
+            return
+        records = self.store.messages(self.conversation_id)
+        if not records or records[-1].role != "assistant" or records[-1].message_id is None:
+            return
+        self.store.delete_messages_from(records[-1].message_id)
+        self.chat.set_messages(self.store.messages(self.conversation_id))
+        self._start_answer()
+
+    def _start_answer(self) -> None:
+        assert self.conversation_id is not None
+        try:
+            settings = generation_settings(self.settings)
+            request = GenerateRequest(
+                self.client.new_request_id(),
+                tuple(self._history()),
+                settings,
+                compare=self.compare_toggle.isChecked(),
+            )
+        except SpecDeckError as error:
+            self.sidebar.show_error(str(error))
+            return
+        method = request.method or (self.loaded.method if self.loaded else None)
+        message_id = self.store.begin_answer(self.conversation_id, method)
+        self.answer = _Answer(request.request_id, message_id, self.conversation_id, request.compare)
+        self.chat.begin_answer(method)
+        self.meter.start(method or "")
+        if request.compare:
+            self.compare_view.begin(method or "")
+        self._save_timer.start()
+        self.client.generate(request)
+        self._update_controls()
+
+    def stop_generation(self) -> None:
+        """Stop the running answer (Esc); what was generated stays."""
+        if self.answer is not None:
+            self.client.cancel()
+
+    def _is_current(self, request_id: int) -> bool:
+        return self.answer is not None and self.answer.request_id == request_id
+
+    def _on_tokens(
+        self, request_id: int, run: str, tokens: list[EmittedToken], stats: SpeculationStats
+    ) -> None:
+        if not self._is_current(request_id):
+            return
+        assert self.answer is not None
+        if run == "speculative":
+            self.answer.tokens.extend(tokens)
+            self.answer.stats = stats
+            self.answer.dirty = True
+            self.chat.append_tokens(tokens)
+            self.meter.update_stats(stats)
+        if self.answer.compare:
+            self.compare_view.append_tokens(run, tokens)  # type: ignore[arg-type]
+            self.compare_view.update_stats(run, stats)  # type: ignore[arg-type]
+
+    def _on_run_finished(
+        self, request_id: int, run: str, tokens: list[EmittedToken], stats: SpeculationStats
+    ) -> None:
+        if not self._is_current(request_id):
+            return
+        answer = self.answer
+        assert answer is not None
+        if answer.compare:
+            self.compare_view.append_tokens(run, tokens)  # type: ignore[arg-type]
+            self.compare_view.finish_run(run, stats)  # type: ignore[arg-type]
+        if run == "plain":
+            answer.plain_stats = stats
+            if stats.stop_reason == "cancelled":
+                self._end_answer("cancelled")
+            return
+        answer.tokens.extend(tokens)
+        answer.stats = stats
+        answer.speculative_done = True
+        self.chat.append_tokens(tokens)
+        self.meter.finish(stats)
+        cancelled = stats.stop_reason == "cancelled"
+        if cancelled and answer.compare:
+            self.compare_view.cancel()
+        if not answer.compare or cancelled:
+            self._end_answer("cancelled" if cancelled else "complete")
+
+    def _on_compared(self, request_id: int, speedup: object, identical: object) -> None:
+        if not self._is_current(request_id):
+            return
+        assert self.answer is not None
+        self.compare_view.set_result(
+            float(speedup) if isinstance(speedup, (int, float)) else None,
+            identical if isinstance(identical, bool) else None,
+        )
+        self.answer_extra = {"speedup": speedup, "identical": identical}
+        self._end_answer(
+            "complete", extra={"compare": {"speedup": speedup, "identical": identical}}
+        )
+
+    def _end_answer(
+        self, state: MessageState, error: str | None = None, extra: dict[str, object] | None = None
+    ) -> None:
+        answer = self.answer
+        if answer is None:
+            return
+        self.answer = None
+        self._save_timer.stop()
+        self.store.finish_answer(
+            answer.message_id,
+            answer.text,
+            spans_from_tokens(answer.tokens),
+            answer.stats,
+            state,
+            error,
+            extra,
+        )
+        if answer.conversation_id == self.conversation_id:
+            self.chat.finish_answer(answer.stats, state, error)
+        if state != "complete":
+            self.meter.reset() if answer.stats is None else self.meter.finish(answer.stats)
+        self.conversations.refresh()
+        self._update_controls()
+        self.answer_finished.emit(state)
+
+    def _save_streaming_answer(self) -> None:
+        answer = self.answer
+        if answer is None or not answer.dirty:
+            return
+        answer.dirty = False
+        self.store.update_answer(answer.message_id, answer.text, spans_from_tokens(answer.tokens))
+
+    def _on_engine_error(self, message: str, request_id: object) -> None:
+        if isinstance(request_id, int) and self._is_current(request_id):
+            if self.answer is not None and self.answer.compare:
+                self.compare_view.cancel()
+            self._end_answer("error", error=message)
+            return
+        if self.loaded is None:
+            self.sidebar.set_loading(False)
+            self.sidebar.set_unloaded()
+        self.sidebar.show_error(message)
+        self._update_controls()
+
+    def _on_engine_crashed(self, message: str) -> None:
+        self.loaded = None
+        self.sidebar.set_loading(False)
+        self.sidebar.set_unloaded()
+        self.status.set_engine_pid(None)
+        self.status.set_gpu("No model loaded")
+        if self.answer is not None:
+            if self.answer.compare:
+                self.compare_view.cancel()
+            self._end_answer("error", error=f"{message}. The text above was kept.")
+        self.crash_label.setText(f"⚠ {message}")
+        self.reload_button.setVisible(self.last_load is not None)
+        self.crash_banner.show()
+        self._update_controls()
+
+    # -- settings and state ------------------------------------------------------------------
+
+    def _on_setting_changed(self, key: str) -> None:
+        value = self.settings.get(key)
+        if key == "visualize_drafts":
+            self.chat.set_visualize_drafts(bool(value))
+            self.compare_view.set_visualize_drafts(bool(value))
+            if self.visualize_toggle.isChecked() != bool(value):
+                self.visualize_toggle.setChecked(bool(value))
+        elif key == "compare":
+            self.compare_view.setVisible(bool(value))
+            if self.compare_toggle.isChecked() != bool(value):
+                self.compare_toggle.setChecked(bool(value))
+        elif key == "context_size":
+            self._update_estimate()
+        elif key == "extra_model_folders":
+            self.rescan_models()
+
+    def _update_controls(self) -> None:
+        generating = self.answer is not None
+        self.send_button.setEnabled(not generating and self.loaded is not None)
+        self.stop_button.setEnabled(generating)
+        self.regenerate_button.setEnabled(not generating and self.loaded is not None)
+        self.sidebar.set_busy(generating)
+
+    def _restore_window_state(self) -> None:
+        state = QSettings(str(user_data_dir() / WINDOW_STATE_FILE), QSettings.Format.IniFormat)
+        geometry = state.value("geometry")
+        if isinstance(geometry, QByteArray):
+            self.restoreGeometry(geometry)
+        splitter = state.value("main_split")
+        if isinstance(splitter, QByteArray):
+            self.main_split.restoreState(splitter)
+
+    def _save_window_state(self) -> None:
+        state = QSettings(str(user_data_dir() / WINDOW_STATE_FILE), QSettings.Format.IniFormat)
+        state.setValue("geometry", self.saveGeometry())
+        state.setValue("main_split", self.main_split.saveState())
+
+    def shutdown(self) -> None:
+        """Save what streams, stop the engine, close the history (idempotent)."""
+        self.sidebar.flush_pending_edits()
+        if self.answer is not None:
+            self._save_streaming_answer()
+            self.client.cancel()
+        self.client.stop()
+        if self._scan_task is not None:
+            self._scan_task.wait(5)
+        self._save_window_state()
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt's name
+        """Quit cleanly: the answer so far is in the history already."""
+        self.shutdown()
+        super().closeEvent(event)
+
+
+def _gpu_summary(pair: LoadedPair) -> str:
+    """Where the layers went, and the GPU memory left where the backend reports it."""
+    main = pair.main
+    if main.gpu_layers <= 0:
+        return f"{main.backend} build: no GPU offload"
+    text = f"{main.backend}: main {main.gpu_layers}/{main.n_layers} layers on GPU"
+    if pair.draft is not None and pair.draft.gpu_layers >= pair.draft.n_layers:
+        text += ", draft all layers on GPU"
+    for gpu in pair.gpus:
+        if gpu.memory_free is not None and gpu.memory_total is not None:
+            free, total = format_bytes(gpu.memory_free), format_bytes(gpu.memory_total)
+            text += f" · {gpu.description or gpu.name}: {free} free of {total}"
+    return text
+
+
+def _open_history(parent: QWidget) -> ChatStore:
+    """Open the chat history; a corrupt file is moved aside after telling the user."""
+    path = ChatStore.default_path()
+    try:
+        return ChatStore(path)
+    except HistoryError as error:
+        moved = ChatStore.move_aside(path)
+        QMessageBox.warning(
+            parent,
+            "Chat history unreadable",
+            f"{error}\n\nIt was moved to {moved.name}; SpecDeck starts with an empty history.",
+        )
+        return ChatStore(path)

@@ -1,0 +1,110 @@
+"""Screenshots of the real app: load a pair, ask a coding question with comparison on, save PNGs.
+
+``python -m gui.screenshots OUT_DIR`` (``scripts/screenshots`` runs it under Xvfb). It uses
+the user's data dir unless ``SPECDECK_DATA_DIR`` points elsewhere; the script sets it to a
+fresh folder so the shots never show someone's own chats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QEventLoop, QTimer
+from PySide6.QtWidgets import QApplication, QWidget
+
+from backends.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, ensure_model
+from gui.app import APP_NAME, prefer_default_pair
+from gui.main_window import MainWindow
+from gui.settings import AppSettings
+
+QUESTION = (
+    "Write a Python function `merge_intervals(intervals)` that merges overlapping "
+    "intervals, with type hints and a docstring."
+)
+ANSWER_TIMEOUT_MS = 600_000
+SETTLE_MS = 400
+
+
+def _wait(signal: object, timeout_ms: int) -> bool:
+    """Run the event loop until ``signal`` fires (True) or the timeout passes (False)."""
+    loop = QEventLoop()
+    fired = []
+
+    def done(*_args: object) -> None:
+        fired.append(True)
+        loop.quit()
+
+    signal.connect(done)  # type: ignore[attr-defined]
+    _quit_after(loop, timeout_ms)
+    loop.exec()
+    signal.disconnect(done)  # type: ignore[attr-defined]
+    return bool(fired)
+
+
+def _quit_after(loop: QEventLoop, ms: int) -> None:
+    # A timer owned by the loop dies with it (a bare singleShot would outlive the loop).
+    timer = QTimer(loop)
+    timer.setSingleShot(True)
+    timer.timeout.connect(loop.quit)
+    timer.start(ms)
+
+
+def _settle(ms: int = SETTLE_MS) -> None:
+    loop = QEventLoop()
+    _quit_after(loop, ms)
+    loop.exec()
+
+
+def _save(widget: QWidget, path: Path) -> None:
+    widget.grab().save(str(path))
+    print(f"saved {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Take the screenshots; returns non-zero when the app did not answer."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out", type=Path, help="folder for the PNG files")
+    parser.add_argument("--question", default=QUESTION)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    ensure_model(DEFAULT_MAIN_KEY)
+    ensure_model(DEFAULT_DRAFT_KEY)
+
+    app = QApplication(sys.argv[:1])
+    app.setApplicationName(APP_NAME)
+    prefer_default_pair()
+    settings = AppSettings()
+    settings.set("compare", True)
+    settings.set("max_tokens", args.max_tokens)
+    window = MainWindow(settings, offer_first_run=False)
+    window.resize(1500, 940)
+    window.show()
+    window.load_when_scanned()
+    if not _wait(window.models_loaded, ANSWER_TIMEOUT_MS):
+        print("the models did not load", file=sys.stderr)
+        return 1
+    _settle()
+    _save(window, args.out / "window-loaded.png")
+    _save(window.sidebar, args.out / "sidebar.png")
+    window.input.setPlainText(args.question)
+    window.send_message()
+    _settle(3000)
+    _save(window, args.out / "window-streaming.png")
+    _save(window.meter, args.out / "meter-live.png")
+    if not _wait(window.answer_finished, ANSWER_TIMEOUT_MS):
+        print("no answer in time", file=sys.stderr)
+        return 1
+    _settle()
+    _save(window, args.out / "window-compared.png")
+    _save(window.chat, args.out / "chat-highlighted.png")
+    _save(window.compare_view, args.out / "comparison.png")
+    _save(window.meter, args.out / "meter-done.png")
+    window.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

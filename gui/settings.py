@@ -1,0 +1,626 @@
+"""Every user setting declared once (type, default, range, title, tooltip), and their JSON store."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+from PySide6.QtCore import QObject, Signal
+
+from backends.engine_protocol import ENGINE_KINDS, LoadRequest
+from backends.errors import SettingsError
+from backends.methods import DEFAULT_METHOD, METHODS, parse_method
+from backends.paths import user_data_dir
+from backends.sampling import SamplingSettings
+from backends.speculative import (
+    DEFAULT_DRAFT_MAX,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_P_MIN,
+    GenerationSettings,
+)
+
+if TYPE_CHECKING:
+    from backends.engine_protocol import EngineKind
+    from backends.methods import SpeculationMethod
+
+logger = logging.getLogger(__name__)
+
+SettingValue = int | float | bool | str
+SettingKind = type[int] | type[float] | type[bool] | type[str]
+# "models" and "state" hold what the model pickers and the window remember; the other groups
+# are the sidebar's settings form, in this order.
+SettingGroup = Literal["models", "speculation", "sampling", "generation", "view", "state"]
+
+SETTINGS_FILENAME = "settings.json"
+BROKEN_SUFFIX = ".broken"
+SETTINGS_VERSION = 1
+VERSION_KEY = "version"
+
+RANDOM_SEED = -1
+MAX_SEED = 2**31 - 1  # what a QSpinBox can hold
+TOP_K_OFF = 0
+MIN_CONTEXT = 512
+MAX_CONTEXT = 131_072
+DEFAULT_CONTEXT_SIZE = 4096
+MAX_GENERATED_TOKENS = 32_768
+MAX_DRAFT_TOKENS = 32
+MAX_TOP_K = 1000
+MAX_TEMPERATURE = 2.0
+MIN_TOP_P = 0.01
+PROBABILITY_STEP = 0.05
+
+# The draft picker's non-model entries, as last_draft_choice stores them (a model is stored
+# by its path).
+DRAFT_CHOICE_NGRAM = "ngram-lookup"
+DRAFT_CHOICE_OFF = "off"
+
+# "off" is not offered here: the draft picker's "Off: main model alone" entry decides it, so
+# that one control, not two that could disagree, turns speculation off.
+_PICKABLE_METHODS: tuple[SpeculationMethod, ...] = tuple(m for m in METHODS if m != "off")
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    """One setting: its type, default, allowed values, and how the settings form shows it.
+
+    ``minimum``/``maximum`` bound numbers; ``choices`` (with ``choice_titles``, the words
+    shown for them) restrict a string; ``special_text`` is shown instead of the minimum
+    number (e.g. "random" for seed -1); ``multiline`` asks for a text box, not a line.
+    """
+
+    key: str
+    kind: SettingKind
+    default: SettingValue
+    title: str
+    tooltip: str
+    group: SettingGroup
+    minimum: float | None = None
+    maximum: float | None = None
+    step: float | None = None
+    choices: tuple[str, ...] = ()
+    choice_titles: tuple[str, ...] = ()
+    choice_tooltips: tuple[str, ...] = ()
+    special_text: str = ""
+    multiline: bool = False
+
+    def __post_init__(self) -> None:
+        """Catch a declaration whose default breaks its own rules."""
+        if self.choice_titles and len(self.choice_titles) != len(self.choices):
+            raise ValueError(f"{self.key}: one title per choice")
+        if self.choice_tooltips and len(self.choice_tooltips) != len(self.choices):
+            raise ValueError(f"{self.key}: one tooltip per choice")
+        check_value(self, self.default)
+
+    def title_of(self, choice: str) -> str:
+        """The words shown for ``choice`` (the choice itself when it has no title)."""
+        if self.choice_titles and choice in self.choices:
+            return self.choice_titles[self.choices.index(choice)]
+        return choice
+
+
+def check_value(spec: SettingSpec, value: object) -> SettingValue:
+    """``value`` if ``spec`` allows it (an int passes as a float); SettingsError otherwise."""
+    if spec.kind is bool:
+        if isinstance(value, bool):
+            return value
+    elif spec.kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _check_range(spec, value)
+    elif spec.kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise SettingsError(f"{spec.title} must be a finite number, got {value}")
+            return _check_range(spec, float(value))
+    elif isinstance(value, str):
+        if spec.choices and value not in spec.choices:
+            raise SettingsError(
+                f"{spec.title} must be one of {', '.join(spec.choices)}, got {value!r}"
+            )
+        return value
+    raise SettingsError(f"{spec.title} must be a {spec.kind.__name__}, got {value!r}")
+
+
+def _check_range(spec: SettingSpec, value: int | float) -> int | float:
+    if spec.minimum is not None and value < spec.minimum:
+        raise SettingsError(f"{spec.title} must be at least {spec.minimum:g}, got {value:g}")
+    if spec.maximum is not None and value > spec.maximum:
+        raise SettingsError(f"{spec.title} must be at most {spec.maximum:g}, got {value:g}")
+    return value
+
+
+SETTINGS: tuple[SettingSpec, ...] = (
+    # -- models ------------------------------------------------------------------------------
+    SettingSpec(
+        key="engine",
+        kind=str,
+        default="llama.cpp",
+        title="Engine",
+        tooltip=(
+            "The inference engine that runs the models: llama.cpp (GGUF files, CPU or GPU) "
+            "or MLX (Apple Silicon)."
+        ),
+        group="models",
+        choices=ENGINE_KINDS,
+        choice_titles=("llama.cpp", "MLX"),
+    ),
+    SettingSpec(
+        key="extra_model_folders",
+        kind=str,
+        default="",
+        title="Extra model folders",
+        tooltip=(
+            "More folders to search for GGUF models, besides SpecDeck's own, LM Studio's and "
+            f"the Hugging Face cache (separated by '{os.pathsep}')."
+        ),
+        group="models",
+    ),
+    # -- speculation -------------------------------------------------------------------------
+    SettingSpec(
+        key="speculation_method",
+        kind=str,
+        default=DEFAULT_METHOD,
+        title="Speculation",
+        tooltip=(
+            "How drafts are made. Auto picks the draft model, an n-gram lookup or plain "
+            "decoding every round from measured speed and acceptance; the others force one "
+            "method, like llama.cpp's --spec-type."
+        ),
+        group="speculation",
+        choices=_PICKABLE_METHODS,
+        choice_titles=("Auto (recommended)", "Draft model only", "n-gram simple", "n-gram mod"),
+        choice_tooltips=(
+            "Picks the draft model, an n-gram lookup or no drafting each round, whichever pays.",
+            "Every round drafts with the draft model (classic speculative decoding).",
+            "Prompt lookup: copies what followed the last few tokens earlier in the chat.",
+            "A table of n-grams seen so far, kept across answers, drafts by chaining lookups.",
+        ),
+    ),
+    SettingSpec(
+        key="draft_max",
+        kind=int,
+        default=DEFAULT_DRAFT_MAX,
+        title="Max draft tokens",
+        tooltip=(
+            "The most tokens the draft model proposes per round (llama.cpp's "
+            "--spec-draft-n-max). Longer drafts pay off when most of them are accepted."
+        ),
+        group="speculation",
+        minimum=1,
+        maximum=MAX_DRAFT_TOKENS,
+    ),
+    SettingSpec(
+        key="p_min",
+        kind=float,
+        default=DEFAULT_P_MIN,
+        title="Draft confidence",
+        tooltip=(
+            "The draft model stops drafting when its top token is less likely than this "
+            "(llama.cpp's --spec-draft-p-min). Higher drafts less but wastes less."
+        ),
+        group="speculation",
+        minimum=0.0,
+        maximum=1.0,
+        step=PROBABILITY_STEP,
+    ),
+    SettingSpec(
+        key="exact_verification",
+        kind=bool,
+        default=True,
+        title="Bit-exact verification",
+        tooltip=(
+            "Bit-exact verification: at temperature 0 verify in batches the engine computes "
+            "exactly like one-token steps, so the answer is identical to the main model alone. "
+            "Off verifies a draft in one batch like llama.cpp: faster on some machines, but "
+            "near-ties may resolve differently."
+        ),
+        group="speculation",
+    ),
+    # -- sampling ----------------------------------------------------------------------------
+    SettingSpec(
+        key="temperature",
+        kind=float,
+        default=0.0,
+        title="Temperature",
+        tooltip=(
+            "How random the answer is (llama.cpp's --temp). 0 always takes the most likely "
+            "token (greedy), so answers repeat exactly."
+        ),
+        group="sampling",
+        minimum=0.0,
+        maximum=MAX_TEMPERATURE,
+        step=PROBABILITY_STEP,
+    ),
+    SettingSpec(
+        key="top_p",
+        kind=float,
+        default=1.0,
+        title="Top P",
+        tooltip=(
+            "Sample only from the most likely tokens whose probabilities add up to this "
+            "(--top-p). 1 keeps the whole vocabulary."
+        ),
+        group="sampling",
+        minimum=MIN_TOP_P,
+        maximum=1.0,
+        step=PROBABILITY_STEP,
+    ),
+    SettingSpec(
+        key="top_k",
+        kind=int,
+        default=TOP_K_OFF,
+        title="Top K",
+        tooltip="Sample only from the K most likely tokens (--top-k). 0 turns the limit off.",
+        group="sampling",
+        minimum=TOP_K_OFF,
+        maximum=MAX_TOP_K,
+        special_text="off",
+    ),
+    SettingSpec(
+        key="seed",
+        kind=int,
+        default=RANDOM_SEED,
+        title="Seed",
+        tooltip=(
+            "The random seed for sampling (--seed): the same seed and settings give the same "
+            "answer. -1 draws a new seed for every answer."
+        ),
+        group="sampling",
+        minimum=RANDOM_SEED,
+        maximum=MAX_SEED,
+        special_text="random",
+    ),
+    # -- generation --------------------------------------------------------------------------
+    SettingSpec(
+        key="max_tokens",
+        kind=int,
+        default=DEFAULT_MAX_TOKENS,
+        title="Max answer tokens",
+        tooltip="The answer stops after this many tokens (llama.cpp's --n-predict).",
+        group="generation",
+        minimum=1,
+        maximum=MAX_GENERATED_TOKENS,
+    ),
+    SettingSpec(
+        key="context_size",
+        kind=int,
+        default=DEFAULT_CONTEXT_SIZE,
+        title="Context size",
+        tooltip=(
+            "How many tokens of conversation the models hold (--ctx-size); more needs more "
+            "memory. Takes effect at the next load."
+        ),
+        group="generation",
+        minimum=MIN_CONTEXT,
+        maximum=MAX_CONTEXT,
+        step=MIN_CONTEXT,
+    ),
+    SettingSpec(
+        key="system_prompt",
+        kind=str,
+        default="",
+        title="System prompt",
+        tooltip="Instructions sent before every conversation, as the system message.",
+        group="generation",
+        multiline=True,
+    ),
+    # -- view --------------------------------------------------------------------------------
+    SettingSpec(
+        key="visualize_drafts",
+        kind=bool,
+        default=True,
+        title="Highlight drafted tokens",
+        tooltip=(
+            "Mark the tokens the draft proposed and the main model accepted with a green "
+            "background, like LM Studio's draft visualisation."
+        ),
+        group="view",
+    ),
+    SettingSpec(
+        key="compare",
+        kind=bool,
+        default=False,
+        title="Compare with main model alone",
+        tooltip=(
+            "After each answer, generate it again with the main model alone and show both "
+            "speeds side by side. Takes about twice as long."
+        ),
+        group="view",
+    ),
+    # -- state -------------------------------------------------------------------------------
+    SettingSpec(
+        key="last_main_path",
+        kind=str,
+        default="",
+        title="Last main model",
+        tooltip="The main model picked last, selected again at start.",
+        group="state",
+    ),
+    SettingSpec(
+        key="last_draft_choice",
+        kind=str,
+        default="",
+        title="Last draft choice",
+        tooltip="The draft model (or n-gram lookup, or Off) picked last, selected again at start.",
+        group="state",
+    ),
+)
+
+SPECS_BY_KEY: dict[str, SettingSpec] = {spec.key: spec for spec in SETTINGS}
+
+# MIGRATIONS[n] turns a file of version n into version n + 1; files older than the oldest
+# entry have no migration and are read as they are (unknown keys dropped, bad values reset).
+Migration: TypeAlias = Callable[[dict[str, Any]], dict[str, Any]]
+MIGRATIONS: dict[int, Migration] = {}
+
+
+def setting_spec(key: str) -> SettingSpec:
+    """The declaration of ``key``; SettingsError for an unknown key."""
+    try:
+        return SPECS_BY_KEY[key]
+    except KeyError:
+        raise SettingsError(f"unknown setting {key!r}") from None
+
+
+def migrate(raw: dict[str, Any], version: int) -> dict[str, Any]:
+    """``raw`` (a file of ``version``) brought up to :data:`SETTINGS_VERSION`."""
+    for step in range(version, SETTINGS_VERSION):
+        migration = MIGRATIONS.get(step)
+        if migration is not None:
+            logger.info("migrating settings from version %d to %d", step, step + 1)
+            raw = migration(raw)
+    return raw
+
+
+def default_settings_path() -> Path:
+    """``<user data dir>/settings.json``."""
+    return user_data_dir() / SETTINGS_FILENAME
+
+
+class AppSettings(QObject):
+    """The user's settings, in memory and in a JSON file; read and written on the main thread.
+
+    Loading never fails: a file that is not JSON is renamed ``settings.json.broken`` and the
+    defaults are used; unknown keys are dropped; a value of the wrong type or out of range
+    falls back to its default.
+
+    Signals:
+        changed(str): a setting's value changed; the argument is its key.
+    """
+
+    changed = Signal(str)
+
+    def __init__(self, path: Path | None = None, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._path = path if path is not None else default_settings_path()
+        self._values: dict[str, SettingValue] = {spec.key: spec.default for spec in SETTINGS}
+        self._load()
+
+    @property
+    def path(self) -> Path:
+        """The JSON file the settings live in."""
+        return self._path
+
+    def get(self, key: str) -> SettingValue:
+        """The value of ``key`` (KeyError for an unknown key)."""
+        return self._values[key]
+
+    def get_int(self, key: str) -> int:
+        """The value of an int setting."""
+        value = self._values[key]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"setting {key!r} is not an int")
+        return value
+
+    def get_float(self, key: str) -> float:
+        """The value of a float setting."""
+        value = self._values[key]
+        if not isinstance(value, float):
+            raise TypeError(f"setting {key!r} is not a float")
+        return value
+
+    def get_bool(self, key: str) -> bool:
+        """The value of a bool setting."""
+        value = self._values[key]
+        if not isinstance(value, bool):
+            raise TypeError(f"setting {key!r} is not a bool")
+        return value
+
+    def get_str(self, key: str) -> str:
+        """The value of a str setting."""
+        value = self._values[key]
+        if not isinstance(value, str):
+            raise TypeError(f"setting {key!r} is not a str")
+        return value
+
+    def as_dict(self) -> dict[str, SettingValue]:
+        """A copy of every value, by key."""
+        return dict(self._values)
+
+    def set(self, key: str, value: SettingValue) -> None:
+        """Validate, store and save ``value``, then emit ``changed(key)`` if it changed.
+
+        Raises SettingsError for an unknown key, a value the declaration does not allow, or a
+        file that cannot be written (the new value is kept in memory then).
+        """
+        checked = check_value(setting_spec(key), value)
+        if self._values[key] == checked:
+            return
+        self._values[key] = checked
+        try:
+            self.save()
+        finally:
+            self.changed.emit(key)
+
+    def reset(self, key: str) -> None:
+        """Put ``key`` back to its default."""
+        self.set(key, setting_spec(key).default)
+
+    def save(self) -> None:
+        """Write every value to the file atomically (a temporary file, then os.replace)."""
+        document: dict[str, Any] = {VERSION_KEY: SETTINGS_VERSION, **self._values}
+        text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(
+                dir=self._path.parent, prefix=f".{self._path.name}.", suffix=".tmp"
+            )
+            try:
+                with os.fdopen(handle, "w", encoding="utf-8") as stream:
+                    stream.write(text)
+                    stream.flush()
+                    os.fsync(stream.fileno())
+                os.replace(temporary, self._path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+                raise
+        except OSError as error:
+            raise SettingsError(
+                f"cannot save settings to '{self._path}': {error.strerror or error}"
+            ) from error
+
+    def _load(self) -> None:
+        try:
+            text = self._path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            logger.warning("cannot read settings %s (%s); using defaults", self._path, error)
+            return
+        except UnicodeDecodeError:
+            self._set_aside_broken_file("not UTF-8 text")
+            return
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as error:
+            self._set_aside_broken_file(str(error))
+            return
+        if not isinstance(raw, dict):
+            self._set_aside_broken_file("not a JSON object")
+            return
+        version = raw.pop(VERSION_KEY, SETTINGS_VERSION)
+        if not isinstance(version, int) or isinstance(version, bool):
+            logger.warning("settings version %r is not a number; reading as current", version)
+            version = SETTINGS_VERSION
+        elif version > SETTINGS_VERSION:
+            logger.warning(
+                "settings file version %d is newer than this SpecDeck's %d; keeping what it knows",
+                version,
+                SETTINGS_VERSION,
+            )
+        raw = migrate(raw, version)
+        for key, value in raw.items():
+            spec = SPECS_BY_KEY.get(key)
+            if spec is None:
+                logger.info("dropping unknown setting %r", key)
+                continue
+            try:
+                self._values[key] = check_value(spec, value)
+            except SettingsError as error:
+                logger.warning("setting %r reset to its default: %s", key, error)
+
+    def _set_aside_broken_file(self, reason: str) -> None:
+        broken = self._path.with_name(self._path.name + BROKEN_SUFFIX)
+        logger.warning("settings file %s is unreadable (%s); using defaults", self._path, reason)
+        try:
+            os.replace(self._path, broken)
+        except OSError as error:
+            logger.warning("cannot rename %s to %s: %s", self._path, broken.name, error)
+
+
+# -- settings to backend types ---------------------------------------------------------------
+
+
+def sampling_settings(settings: AppSettings) -> SamplingSettings:
+    """Temperature, top P, top K and seed (-1 becomes None: a fresh seed each time)."""
+    seed = settings.get_int("seed")
+    return SamplingSettings(
+        temperature=settings.get_float("temperature"),
+        top_p=settings.get_float("top_p"),
+        top_k=settings.get_int("top_k"),
+        seed=None if seed == RANDOM_SEED else seed,
+    )
+
+
+def generation_settings(settings: AppSettings) -> GenerationSettings:
+    """The GenerationSettings the settings describe."""
+    return GenerationSettings(
+        max_tokens=settings.get_int("max_tokens"),
+        sampling=sampling_settings(settings),
+        draft_max=settings.get_int("draft_max"),
+        p_min=settings.get_float("p_min"),
+        exact_batches=settings.get_bool("exact_verification"),
+    )
+
+
+def engine_kind(settings: AppSettings) -> EngineKind:
+    """The engine setting as the protocol's type."""
+    engine = settings.get_str("engine")
+    for kind in ENGINE_KINDS:
+        if engine == kind:
+            return kind
+    raise SettingsError(f"unknown engine {engine!r}")
+
+
+def speculation_method(settings: AppSettings) -> SpeculationMethod:
+    """The speculation_method setting as the backends' type."""
+    return parse_method(settings.get_str("speculation_method"))
+
+
+def load_request_for(
+    settings: AppSettings,
+    main_path: Path | str,
+    draft_path: Path | str | None,
+    method: SpeculationMethod,
+    *,
+    engine: EngineKind | None = None,
+) -> LoadRequest:
+    """A LoadRequest for the pair, with the engine and context size from the settings.
+
+    Raises SettingsError when the combination is impossible (draft-model without a draft).
+    """
+    return LoadRequest(
+        main_path=str(main_path),
+        draft_path=None if draft_path is None else str(draft_path),
+        engine=engine if engine is not None else engine_kind(settings),
+        method=method,
+        n_ctx=settings.get_int("context_size"),
+    )
+
+
+def extra_model_folders(settings: AppSettings) -> list[Path]:
+    """The extra_model_folders setting as paths (empty entries skipped, ``~`` expanded)."""
+    text = settings.get_str("extra_model_folders")
+    return [Path(part).expanduser() for part in text.split(os.pathsep) if part.strip()]
+
+
+__all__ = [
+    "DRAFT_CHOICE_NGRAM",
+    "DRAFT_CHOICE_OFF",
+    "MIGRATIONS",
+    "RANDOM_SEED",
+    "SETTINGS",
+    "SETTINGS_VERSION",
+    "SPECS_BY_KEY",
+    "AppSettings",
+    "SettingSpec",
+    "SettingValue",
+    "check_value",
+    "default_settings_path",
+    "engine_kind",
+    "extra_model_folders",
+    "generation_settings",
+    "load_request_for",
+    "migrate",
+    "sampling_settings",
+    "setting_spec",
+    "speculation_method",
+]

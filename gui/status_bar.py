@@ -1,0 +1,108 @@
+"""The status bar: memory of the app and its engine, free memory, and what a pair would need."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import psutil
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
+
+from backends.hardware import available_memory, estimate_pair_memory
+from gui.style import BAD, MUTED_TEXT, WARN
+
+if TYPE_CHECKING:
+    from backends.gguf_info import ModelInfo
+
+RESOURCE_REFRESH_MS = 2000
+# Above this share of the available memory a load is risky: warn before the machine swaps.
+TIGHT_MEMORY_SHARE = 0.8
+GIB = 2**30
+MIB = 2**20
+
+
+def format_bytes(size: float) -> str:
+    """1.3 GB, 240 MB."""
+    if size >= GIB:
+        return f"{size / GIB:.1f} GB"
+    return f"{size / MIB:.0f} MB"
+
+
+def process_memory(pid: int | None) -> int | None:
+    """Resident memory of a process (None when it is gone or unknown)."""
+    if pid is None:
+        return None
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except (psutil.Error, OSError):
+        return None
+
+
+class ResourceStatusBar(QStatusBar):
+    """Shows the app's and the engine's memory, free memory, the GPU, and the pair estimate."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._engine_pid: int | None = None
+        self._gpu = "GPU: none loaded"
+        self.memory_label = QLabel()
+        self.gpu_label = QLabel()
+        self.estimate_label = QLabel()
+        for label in (self.estimate_label, self.gpu_label, self.memory_label):
+            label.setContentsMargins(8, 0, 8, 0)
+            self.addPermanentWidget(label)
+        self._timer = QTimer(self)
+        self._timer.setInterval(RESOURCE_REFRESH_MS)
+        self._timer.timeout.connect(self._update_memory)
+        self._timer.start()
+        self._update_memory()
+        self._update_gpu()
+
+    def set_engine_pid(self, pid: int | None) -> None:
+        """Follow the engine process (None: not running)."""
+        self._engine_pid = pid
+        self._update_memory()
+
+    def set_gpu(self, text: str) -> None:
+        """What the loaded models run on ("CPU build: no GPU", "CUDA: all 28 layers on GPU")."""
+        self._gpu = text
+        self._update_gpu()
+
+    def set_pair_estimate(
+        self, main: ModelInfo | None, draft: ModelInfo | None, n_ctx: int
+    ) -> None:
+        """Before loading: what the chosen pair needs against what is free, warned in colour."""
+        if main is None:
+            self.estimate_label.clear()
+            self.estimate_label.setToolTip("")
+            return
+        needed = estimate_pair_memory(main, draft, n_ctx)
+        free = available_memory()
+        text = f"Pair needs ≈{format_bytes(needed)} of {format_bytes(free)} free"
+        colour = MUTED_TEXT
+        tip = "Estimated from the files' sizes and the KV cache of the chosen context size."
+        if needed > free:
+            text = (
+                f"Not enough memory: pair needs ≈{format_bytes(needed)}, {format_bytes(free)} free"
+            )
+            colour = BAD
+            tip += " Loading would swap or fail: choose smaller models or a smaller context."
+        elif needed > TIGHT_MEMORY_SHARE * free:
+            text += " (tight)"
+            colour = WARN
+            tip += " Close other programs before loading."
+        self.estimate_label.setText(text)
+        self.estimate_label.setStyleSheet(f"color: {colour.name()}")
+        self.estimate_label.setToolTip(tip)
+
+    def _update_memory(self) -> None:
+        app = process_memory(psutil.Process().pid) or 0
+        parts = [f"App {format_bytes(app)}"]
+        engine = process_memory(self._engine_pid)
+        if engine is not None:
+            parts.append(f"Engine {format_bytes(engine)}")
+        parts.append(f"Free {format_bytes(available_memory())}")
+        self.memory_label.setText(" · ".join(parts))
+
+    def _update_gpu(self) -> None:
+        self.gpu_label.setText(self._gpu)

@@ -1,0 +1,63 @@
+"""The chat's data, apart from any widget: messages, their token origins and their stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from backends.speculative import TokenOrigin
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from backends.engine import Role
+    from backends.speculative import EmittedToken, SpeculationStats
+
+# streaming: being generated (or the app died while it was); interrupted: found streaming
+# when the history was reopened; cancelled: stopped by the user; error: the engine failed.
+MessageState = Literal["complete", "streaming", "interrupted", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class TokenSpan:
+    """``length`` characters of an answer produced by one token, and who produced it."""
+
+    length: int
+    origin: TokenOrigin
+
+
+@dataclass
+class MessageRecord:
+    """One message of a conversation as the history keeps it and the chat pane shows it."""
+
+    role: Role
+    content: str
+    spans: tuple[TokenSpan, ...] = ()  # assistant answers: one span per token, in order
+    stats: SpeculationStats | None = None
+    method: str | None = None  # how the answer was generated ("auto", "off", ...)
+    state: MessageState = "complete"
+    error: str | None = None
+    message_id: int | None = None
+    extra: dict[str, object] = field(default_factory=dict)  # e.g. the comparison's figures
+
+
+def spans_from_tokens(tokens: Iterable[EmittedToken]) -> tuple[TokenSpan, ...]:
+    """One span per token with text (tokens that are only part of a character are merged on)."""
+    spans: list[TokenSpan] = []
+    for token in tokens:
+        if token.text:
+            spans.append(TokenSpan(len(token.text), token.origin))
+    return tuple(spans)
+
+
+def spans_to_json(spans: Iterable[TokenSpan]) -> list[list[int]]:
+    """Compact form for storage: ``[[length, 1 if drafted else 0], ...]``."""
+    return [[span.length, 1 if span.origin is TokenOrigin.DRAFT else 0] for span in spans]
+
+
+def spans_from_json(raw: Iterable[list[int]]) -> tuple[TokenSpan, ...]:
+    """The inverse of :func:`spans_to_json`."""
+    return tuple(
+        TokenSpan(int(length), TokenOrigin.DRAFT if drafted else TokenOrigin.TARGET)
+        for length, drafted in raw
+    )

@@ -1,0 +1,220 @@
+"""The comparison view: two columns, draft highlighting, speeds, the speedup and the badge."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+from PySide6.QtWidgets import QLabel, QTextBrowser
+
+from backends.speculative import EmittedToken, SpeculationStats, TokenOrigin
+from gui.compare_view import CompareView, speedup_for
+from gui.style import BAD, CODE_BACKGROUND, GOOD, WARN
+
+if TYPE_CHECKING:
+    from pytestqt.qtbot import QtBot
+
+D = TokenOrigin.DRAFT
+T = TokenOrigin.TARGET
+
+
+def tokens(*pieces: tuple[str, TokenOrigin]) -> list[EmittedToken]:
+    return [EmittedToken(index, text, origin) for index, (text, origin) in enumerate(pieces)]
+
+
+SPEC_TOKENS = tokens(("The", T), (" quick", D), (" brown", D), (" fox", T), (" jumps", D))
+PLAIN_TOKENS = tokens(("The", T), (" quick", T), (" brown", T), (" fox", T), (" jumps", T))
+ANSWER = "The quick brown fox jumps"
+
+
+def stats(generated: int, seconds: float, drafted: int = 0, accepted: int = 0) -> SpeculationStats:
+    return SpeculationStats(
+        generated_tokens=generated,
+        rounds=generated - accepted,
+        total_draft_tokens_count=drafted,
+        accepted_draft_tokens_count=accepted,
+        rejected_draft_tokens_count=drafted - accepted,
+        generation_seconds=seconds,
+        total_seconds=seconds + 0.5,
+    )
+
+
+@pytest.fixture
+def view(qtbot: QtBot) -> CompareView:
+    widget = CompareView()
+    qtbot.addWidget(widget)
+    widget.begin("auto · n-gram")
+    return widget
+
+
+def test_begin_sets_headers_and_the_plain_column_waits(view: CompareView) -> None:
+    assert view.column_title_text("speculative") == "Speculative · auto · n-gram"
+    assert view.column_title_text("plain") == "Main model alone"
+    assert view.column_status_text("plain") == "waiting…"
+    assert view.column_text("speculative") == ""
+    assert view.column_text("plain") == ""
+    assert view.speedup_text() == ""
+    assert view.badge_text() == ""
+
+
+def test_tokens_reach_their_own_column_on_the_flush_timer(qtbot: QtBot, view: CompareView) -> None:
+    view.append_tokens("speculative", SPEC_TOKENS[:3])
+    view.append_tokens("speculative", SPEC_TOKENS[3:])
+    assert view.column_text("speculative") == ""
+
+    qtbot.waitUntil(lambda: view.column_text("speculative") == ANSWER, timeout=2000)
+    assert view.column_text("plain") == ""
+    assert view.column_status_text("plain") == "waiting…"
+
+    view.finish_run("speculative", stats(5, 1.0, drafted=4, accepted=3))
+    view.append_tokens("plain", PLAIN_TOKENS)
+    assert view.column_status_text("plain") != "waiting…"
+    qtbot.waitUntil(lambda: view.column_text("plain") == ANSWER, timeout=2000)
+    assert view.column_text("speculative") == ANSWER
+
+
+def test_only_draft_tokens_of_the_speculative_column_are_green(
+    qtbot: QtBot, view: CompareView
+) -> None:
+    view.append_tokens("speculative", SPEC_TOKENS)
+    # Even if a plain run reported drafted tokens, its column marks nothing.
+    view.append_tokens("plain", SPEC_TOKENS)
+    qtbot.waitUntil(lambda: view.column_text("plain") == ANSWER, timeout=2000)
+
+    assert view.highlighted_text() == " quick brown jumps"
+    assert view.highlighted_text("plain") == ""
+
+
+def test_visualize_drafts_off_and_on_again(qtbot: QtBot, view: CompareView) -> None:
+    view.append_tokens("speculative", SPEC_TOKENS)
+    qtbot.waitUntil(lambda: view.column_text("speculative") == ANSWER, timeout=2000)
+
+    view.set_visualize_drafts(False)
+    assert view.highlighted_text() == ""
+    assert view.column_text("speculative") == ANSWER
+
+    view.set_visualize_drafts(True)
+    assert view.highlighted_text() == " quick brown jumps"
+    assert view.column_text("speculative") == ANSWER
+
+
+def test_fenced_code_gets_a_code_block(qtbot: QtBot, view: CompareView) -> None:
+    view.append_tokens(
+        "speculative",
+        tokens(("Look:\n```py", T), ("thon\nx = ", T), ("1", D), ("\n```\n", T), ("Done.", T)),
+    )
+    expected = "Look:\n```python\nx = 1\n```\nDone."
+    qtbot.waitUntil(lambda: view.column_text("speculative") == expected, timeout=2000)
+
+    browser = view.findChild(QTextBrowser, "speculative-answer")
+    assert browser is not None
+    backgrounds: dict[str, bool] = {}
+    block = browser.document().begin()
+    while block.isValid():
+        colour = block.blockFormat().background().color()
+        backgrounds[block.text()] = colour == CODE_BACKGROUND
+        block = block.next()
+    assert backgrounds == {
+        "Look:": False,
+        "```python": True,
+        "x = 1": True,
+        "```": True,
+        "Done.": False,
+    }
+    assert view.highlighted_text() == "1"
+
+
+def test_live_speed_follows_the_repaint_timer(qtbot: QtBot, view: CompareView) -> None:
+    live = stats(20, 0.5, drafted=10, accepted=8)
+    view.update_stats("speculative", live)
+    assert view.column_speed_text("speculative") == ""
+
+    expected = f"{live.tokens_per_second:.1f} tok/s"
+    qtbot.waitUntil(lambda: view.column_speed_text("speculative") == expected, timeout=2000)
+    assert view.column_speed_text("plain") == ""
+
+
+def test_finish_run_shows_final_speed_tokens_and_time(view: CompareView) -> None:
+    final = stats(120, 3.0, drafted=80, accepted=60)
+    view.finish_run("speculative", final)
+
+    assert view.column_speed_text("speculative") == f"{final.tokens_per_second:.1f} tok/s"
+    status = view.column_status_text("speculative")
+    assert "120 tokens" in status
+    assert f"{final.total_seconds:.2f} s" in status
+    assert f"{final.tokens_per_second:.1f} tok/s" in status
+
+
+def test_speedup_for_is_the_ratio_of_speeds() -> None:
+    spec = stats(101, 2.0)
+    plain = stats(101, 4.0)
+    assert speedup_for(spec, plain) == pytest.approx(2.0)
+    assert speedup_for(spec, SpeculationStats()) is None
+
+
+def banner_style(view: CompareView) -> str:
+    banner = view.findChild(QLabel, "speedup-banner")
+    assert banner is not None
+    return banner.styleSheet()
+
+
+def badge_style(view: CompareView) -> str:
+    badge = view.findChild(QLabel, "identical-badge")
+    assert badge is not None
+    return badge.styleSheet()
+
+
+def test_speedup_banner_and_identical_badge(view: CompareView) -> None:
+    view.set_result(1.42, True)
+    assert view.speedup_text() == "1.42× faster with speculation"
+    assert GOOD.name() in banner_style(view)
+    assert view.badge_text() == "Identical text"
+    assert GOOD.name() in badge_style(view)
+
+
+def test_slower_banner_and_different_badge(view: CompareView) -> None:
+    view.set_result(0.91, False)
+    assert view.speedup_text() == "0.91×: speculation was slower here"
+    assert WARN.name() in banner_style(view)
+    assert view.badge_text() == "Texts differ"
+    assert BAD.name() in badge_style(view)
+
+
+def test_no_badge_when_identity_is_unknown(view: CompareView) -> None:
+    view.set_result(1.1, True)
+    view.set_result(1.1, None)
+    assert view.badge_text() == ""
+    assert view.speedup_text() == "1.10× faster with speculation"
+
+
+def test_begin_clears_the_previous_comparison(qtbot: QtBot, view: CompareView) -> None:
+    view.append_tokens("speculative", SPEC_TOKENS)
+    view.finish_run("speculative", stats(5, 1.0))
+    view.set_result(1.3, True)
+
+    view.begin("auto")
+    assert view.column_text("speculative") == ""
+    assert view.column_speed_text("speculative") == ""
+    assert view.speedup_text() == ""
+    assert view.badge_text() == ""
+    assert view.column_status_text("plain") == "waiting…"
+
+
+def test_cancel_marks_unfinished_columns_stopped(qtbot: QtBot, view: CompareView) -> None:
+    view.append_tokens("speculative", SPEC_TOKENS)
+    view.finish_run("speculative", stats(5, 1.0))
+    view.append_tokens("plain", PLAIN_TOKENS[:2])
+
+    view.cancel()
+    assert view.column_status_text("plain").startswith("stopped")
+    assert not view.column_status_text("speculative").startswith("stopped")
+    # Tokens that arrived before the cancel are still shown.
+    assert view.column_text("plain") == "The quick"
+
+
+def test_cancel_before_the_plain_run_stops_both(view: CompareView) -> None:
+    view.append_tokens("speculative", SPEC_TOKENS[:1])
+    view.cancel()
+    assert view.column_status_text("speculative").startswith("stopped")
+    assert view.column_status_text("plain").startswith("stopped")
+    assert view.column_text("speculative") == "The"

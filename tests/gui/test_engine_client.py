@@ -1,0 +1,79 @@
+"""The QProcess client against the real engine process and real models."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import TYPE_CHECKING
+
+from backends.engine import ChatMessage
+from backends.engine_protocol import GenerateRequest, LoadRequest
+from backends.speculative import GenerationSettings, TokenOrigin
+from gui.engine_client import EngineClient, LoadedPair
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from pytestqt.qtbot import QtBot
+
+    from backends.speculative import EmittedToken, SpeculationStats
+
+LOAD_TIMEOUT_MS = 120_000
+
+
+def _loaded_client(qtbot: QtBot, request: LoadRequest) -> EngineClient:
+    client = EngineClient()
+    with qtbot.waitSignal(client.loaded, timeout=LOAD_TIMEOUT_MS) as blocker:
+        client.load(request)
+    assert isinstance(blocker.args[0], LoadedPair)
+    return client
+
+
+def test_client_streams_tokens_and_final_stats(qtbot: QtBot, smollm_path: Path) -> None:
+    client = _loaded_client(
+        qtbot, LoadRequest(str(smollm_path), str(smollm_path), method="draft-model", n_ctx=1024)
+    )
+    streamed: list[EmittedToken] = []
+    client.tokens_arrived.connect(lambda _id, _run, tokens, _stats: streamed.extend(tokens))
+    request = GenerateRequest(
+        client.new_request_id(),
+        (ChatMessage("user", "List the numbers from one to ten."),),
+        GenerationSettings(max_tokens=40),
+    )
+    with qtbot.waitSignal(client.run_finished, timeout=LOAD_TIMEOUT_MS) as finished:
+        client.generate(request)
+    request_id, run, last_tokens, stats = finished.args
+    streamed.extend(last_tokens)
+    assert (request_id, run) == (request.request_id, "speculative")
+    final: SpeculationStats = stats
+    drafted = sum(1 for token in streamed if token.origin is TokenOrigin.DRAFT)
+    assert drafted == final.accepted_draft_tokens_count > 0
+    assert final.generated_tokens >= len([t for t in streamed if t.text])
+    client.stop()
+    assert not client.running
+
+
+def test_killed_engine_reports_a_crash_and_can_start_again(qtbot: QtBot, smollm_path: Path) -> None:
+    client = _loaded_client(qtbot, LoadRequest(str(smollm_path), method="off", n_ctx=1024))
+    pid = client.pid
+    assert pid is not None
+    with qtbot.waitSignal(client.crashed, timeout=30_000) as crashed:
+        os.kill(pid, signal.SIGKILL)
+    assert "engine process" in crashed.args[0]
+    assert not client.running
+    with qtbot.waitSignal(client.loaded, timeout=LOAD_TIMEOUT_MS):
+        client.load(LoadRequest(str(smollm_path), method="off", n_ctx=1024))
+    assert client.pid not in (None, pid)
+    client.stop()
+
+
+def test_errors_arrive_as_one_line_failed_signals(qtbot: QtBot, tmp_path: Path) -> None:
+    client = EngineClient()
+    with qtbot.waitSignal(client.failed, timeout=LOAD_TIMEOUT_MS) as failed:
+        client.load(LoadRequest(str(tmp_path / "missing.gguf")))
+    message, request_id = failed.args
+    assert "missing.gguf" in message
+    assert "\n" not in message
+    assert request_id is None
+    assert client.running  # a bad file costs a message, not the process
+    client.stop()

@@ -1,0 +1,304 @@
+"""The whole window against the real engine process: SmolLM2-135M as main and draft model."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import TYPE_CHECKING
+
+import pytest
+from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtTest import QTest
+
+from backends.engine_protocol import LoadRequest
+from backends.speculative import TokenOrigin
+from gui.chat_store import ChatStore
+from gui.main_window import MainWindow
+from gui.settings import AppSettings
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from pytestqt.qtbot import QtBot
+
+    from backends.speculative import EmittedToken, SpeculationStats
+
+LOAD_TIMEOUT_MS = 120_000
+ANSWER_TIMEOUT_MS = 180_000
+MAX_EVENT_LOOP_STALL_MS = 100
+QUESTION = "Write a Python function that returns the squares of a list of numbers."
+
+
+@pytest.fixture
+def settings(smollm_path: Path) -> AppSettings:
+    settings = AppSettings()
+    settings.set("last_main_path", str(smollm_path))
+    settings.set("last_draft_choice", str(smollm_path))
+    # Forced drafting: every round drafts, so highlights exist even where auto would not draft.
+    settings.set("speculation_method", "draft-model")
+    settings.set("context_size", 1024)
+    settings.set("max_tokens", 40)
+    return settings
+
+
+def _open_window(qtbot: QtBot, settings: AppSettings) -> MainWindow:
+    window = MainWindow(settings, offer_first_run=False)
+    qtbot.addWidget(window)
+    window.show()
+    with qtbot.waitSignal(window.models_loaded, timeout=LOAD_TIMEOUT_MS):
+        window.load_when_scanned()
+    return window
+
+
+@pytest.fixture
+def window(qtbot: QtBot, settings: AppSettings) -> Iterator[MainWindow]:
+    window = _open_window(qtbot, settings)
+    yield window
+    window.shutdown()
+
+
+class _Recorder:
+    """Every token and the final stats of the speculative run, as the engine sent them."""
+
+    def __init__(self, window: MainWindow) -> None:
+        self.tokens: list[EmittedToken] = []
+        self.stats: SpeculationStats | None = None
+        window.client.tokens_arrived.connect(self._tokens)
+        window.client.run_finished.connect(self._finished)
+
+    def _tokens(self, _id: int, run: str, tokens: list[EmittedToken], _stats: object) -> None:
+        if run == "speculative":
+            self.tokens.extend(tokens)
+
+    def _finished(
+        self, _id: int, run: str, tokens: list[EmittedToken], stats: SpeculationStats
+    ) -> None:
+        if run == "speculative":
+            self.tokens.extend(tokens)
+            self.stats = stats
+
+
+def _ask(qtbot: QtBot, window: MainWindow, text: str) -> str:
+    window.input.setPlainText(text)
+    with qtbot.waitSignal(window.answer_finished, timeout=ANSWER_TIMEOUT_MS) as finished:
+        QTest.keyClick(window.input, Qt.Key.Key_Return)
+    state = finished.args[0]
+    assert isinstance(state, str)
+    return state
+
+
+def test_answer_highlights_exactly_the_accepted_draft_tokens(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    recorder = _Recorder(window)
+    assert "CPU" in window.sidebar.placement_text() or "GPU" in window.sidebar.placement_text()
+    assert _ask(qtbot, window, QUESTION) == "complete"
+    stats = recorder.stats
+    assert stats is not None
+    text = "".join(token.text for token in recorder.tokens)
+    drafted = "".join(t.text for t in recorder.tokens if t.origin is TokenOrigin.DRAFT)
+    assert stats.accepted_draft_tokens_count > 0
+    assert window.chat.answer_text() == text
+    # Line breaks cannot be shown on a green background; everything else drafted is.
+    assert window.chat.highlighted_text() == drafted.replace("\n", "")
+    rendered = window.chat.answer_origins()
+    assert "".join(piece for piece, _ in rendered) == text
+    assert "".join(p for p, origin in rendered if origin is TokenOrigin.DRAFT) == drafted
+    # The meter shows the answer's own figures.
+    assert window.meter.state == "done"
+    assert window.meter.overall_acceptance == pytest.approx(stats.acceptance_rate)
+    assert f"{stats.acceptance_rate:.0%}" in window.meter.value_texts()["overall"]
+    assert str(stats.accepted_draft_tokens_count) in window.meter.value_texts()["counts"]
+    footer = window.chat.footer_text()
+    assert f"{stats.generated_tokens} tokens" in footer
+    # What is on screen is what was stored.
+    assert window.conversation_id is not None
+    stored = window.store.messages(window.conversation_id)
+    assert [r.role for r in stored] == ["user", "assistant"]
+    assert stored[1].content == text
+    assert stored[1].stats is not None
+    assert stored[1].stats.accepted_draft_tokens_count == stats.accepted_draft_tokens_count
+
+
+def test_visualize_toggle_removes_and_restores_the_highlight(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    assert _ask(qtbot, window, QUESTION) == "complete"
+    highlighted = window.chat.highlighted_text()
+    assert highlighted
+    window.visualize_toggle.setChecked(False)
+    assert window.chat.highlighted_text() == ""
+    assert window.settings.get("visualize_drafts") is False
+    window.visualize_toggle.setChecked(True)
+    assert window.chat.highlighted_text() == highlighted
+
+
+def test_comparison_answers_twice_and_reports_speedup(
+    qtbot: QtBot, settings: AppSettings, smollm_path: Path
+) -> None:
+    settings.set("compare", True)
+    window = _open_window(qtbot, settings)
+    assert window.compare_view.isVisible()
+    assert _ask(qtbot, window, QUESTION) == "complete"
+    speculative = window.compare_view.column_text("speculative")
+    plain = window.compare_view.column_text("plain")
+    assert speculative
+    assert speculative == plain  # temperature 0: lossless
+    assert window.compare_view.badge_text() == "Identical text"
+    assert "×" in window.compare_view.speedup_text()
+    assert window.chat.answer_text() == speculative
+    assert window.conversation_id is not None
+    answer = window.store.messages(window.conversation_id)[-1]
+    comparison = answer.extra["compare"]
+    assert isinstance(comparison, dict)
+    assert comparison["identical"] is True
+    assert comparison["speedup"] > 0
+    window.shutdown()
+
+
+def test_history_survives_a_restart(qtbot: QtBot, settings: AppSettings) -> None:
+    first = _open_window(qtbot, settings)
+    assert _ask(qtbot, first, QUESTION) == "complete"
+    text, highlighted = first.chat.answer_text(), first.chat.highlighted_text()
+    conversation = first.conversation_id
+    first.close()
+
+    second = MainWindow(AppSettings(), ChatStore(ChatStore.default_path()), offer_first_run=False)
+    qtbot.addWidget(second)
+    assert second.conversation_id == conversation
+    assert second.chat.answer_text() == text
+    assert second.chat.highlighted_text() == highlighted
+    assert second.conversations.model.rowCount() == 1
+    second.shutdown()
+
+
+def test_killing_the_engine_mid_answer_keeps_the_chat_and_offers_reload(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    window.settings.set("max_tokens", 2000)
+    window.input.setPlainText("Tell a very long story about a lighthouse keeper.")
+    window.send_message()
+    answer = window.answer
+    assert answer is not None
+    qtbot.waitUntil(lambda: len(answer.tokens) >= 8, timeout=ANSWER_TIMEOUT_MS)
+    pid = window.client.pid
+    assert pid is not None
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000) as finished:
+        os.kill(pid, signal.SIGKILL)
+    assert finished.args == ["error"]
+    assert window.crash_banner.isVisible()
+    assert "engine process" in window.crash_label.text()
+    shown = window.chat.answer_text()
+    assert shown
+    assert window.conversation_id is not None
+    stored = window.store.messages(window.conversation_id)[-1]
+    assert stored.state == "error"
+    assert stored.content == shown
+    assert not window.send_button.isEnabled()
+
+    with qtbot.waitSignal(window.models_loaded, timeout=LOAD_TIMEOUT_MS):
+        QTest.mouseClick(window.reload_button, Qt.MouseButton.LeftButton)
+    assert not window.crash_banner.isVisible()
+    window.settings.set("max_tokens", 8)
+    assert _ask(qtbot, window, "Say hello.") == "complete"
+
+
+def test_escape_stops_and_keeps_the_partial_answer(qtbot: QtBot, window: MainWindow) -> None:
+    window.settings.set("max_tokens", 2000)
+    window.input.setPlainText("Tell a very long story about the sea.")
+    window.send_message()
+    answer = window.answer
+    assert answer is not None
+    qtbot.waitUntil(lambda: len(answer.tokens) >= 4, timeout=ANSWER_TIMEOUT_MS)
+    with qtbot.waitSignal(window.answer_finished, timeout=30_000) as finished:
+        QTest.keyClick(window, Qt.Key.Key_Escape)
+    assert finished.args == ["cancelled"]
+    assert window.conversation_id is not None
+    stored = window.store.messages(window.conversation_id)[-1]
+    assert stored.state == "cancelled"
+    assert stored.content == window.chat.answer_text() != ""
+    assert stored.stats is not None
+    assert stored.stats.generated_tokens < 2000
+
+
+def test_event_loop_never_stalls_while_tokens_stream(qtbot: QtBot, window: MainWindow) -> None:
+    window.settings.set("max_tokens", 120)
+    window.compare_toggle.setChecked(True)
+    clock = QElapsedTimer()
+    gaps: list[int] = []
+    ticker = QTimer()
+    ticker.setInterval(5)
+
+    def tick() -> None:
+        gaps.append(clock.restart())
+
+    ticker.timeout.connect(tick)
+    clock.start()
+    ticker.start()
+    assert _ask(qtbot, window, QUESTION) == "complete"
+    ticker.stop()
+    assert len(gaps) > 50
+    assert max(gaps[1:]) < MAX_EVENT_LOOP_STALL_MS, f"longest stall {max(gaps[1:])} ms"
+
+
+def test_enter_sends_and_shift_enter_starts_a_new_line(qtbot: QtBot, window: MainWindow) -> None:
+    window.settings.set("max_tokens", 6)
+    QTest.keyClicks(window.input, "first line")
+    QTest.keyClick(window.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    QTest.keyClicks(window.input, "second line")
+    assert window.input.toPlainText() == "first line\nsecond line"
+    with qtbot.waitSignal(window.answer_finished, timeout=ANSWER_TIMEOUT_MS):
+        QTest.keyClick(window.input, Qt.Key.Key_Return)
+    assert window.input.toPlainText() == ""
+    assert window.conversation_id is not None
+    assert window.store.messages(window.conversation_id)[0].content == "first line\nsecond line"
+
+
+def test_regenerate_replaces_the_last_answer_and_copy_copies_it(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    assert _ask(qtbot, window, QUESTION) == "complete"
+    first = window.chat.answer_text()
+    with qtbot.waitSignal(window.answer_finished, timeout=ANSWER_TIMEOUT_MS):
+        QTest.mouseClick(window.regenerate_button, Qt.MouseButton.LeftButton)
+    assert window.chat.answer_count() == 1
+    assert window.chat.answer_text() == first  # temperature 0
+    assert window.conversation_id is not None
+    assert [r.role for r in window.store.messages(window.conversation_id)] == ["user", "assistant"]
+    QTest.mouseClick(window.copy_button, Qt.MouseButton.LeftButton)
+    assert QGuiApplication.clipboard().text() == first
+
+
+def test_a_prompt_beyond_the_context_is_an_error_in_the_chat(
+    qtbot: QtBot, settings: AppSettings
+) -> None:
+    settings.set("context_size", 512)
+    window = _open_window(qtbot, settings)
+    assert _ask(qtbot, window, "word " * 700) == "error"
+    assert "context holds 512" in window.chat.footer_text()
+    assert window.send_button.isEnabled()  # the engine lives on
+    window.settings.set("max_tokens", 4)
+    QTest.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    assert window.chat.answer_count() == 0
+    assert _ask(qtbot, window, "Hi") == "complete"
+    window.shutdown()
+
+
+@pytest.mark.parametrize("case", ["missing", "incompatible"])
+def test_bad_model_choices_end_in_one_line_sidebar_errors(
+    qtbot: QtBot, window: MainWindow, smollm_path: Path, gemma_path: Path, tmp_path: Path, case: str
+) -> None:
+    if case == "missing":
+        request = LoadRequest(str(tmp_path / "gone.gguf"))
+        expected = "gone.gguf"
+    else:
+        request = LoadRequest(str(smollm_path), str(gemma_path))
+        expected = "draft"
+    with qtbot.waitSignal(window.client.failed, timeout=LOAD_TIMEOUT_MS):
+        window.load_models(request)
+    qtbot.waitUntil(lambda: expected in window.sidebar.error_text())
+    assert "\n" not in window.sidebar.error_text()
+    assert window.loaded is None
+    assert not window.send_button.isEnabled()

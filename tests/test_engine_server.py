@@ -1,0 +1,226 @@
+"""The engine process for real: a child Python process, real models, the JSON-lines protocol."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from backends.engine import ChatMessage
+from backends.engine_protocol import (
+    GenerateRequest,
+    LoadRequest,
+    generate_command,
+    load_command,
+    stats_from_wire,
+    tokens_from_wire,
+)
+from backends.llama_engine import LlamaEngine, LlamaLoadSettings
+from backends.speculative import GenerationSettings, SpeculativeDecoder, TokenOrigin
+from tests.conftest import TEST_CONTEXT
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+EVENT_TIMEOUT = 120.0
+QUESTION = "Write a Python function that checks whether a number is prime."
+
+
+class EngineProcess:
+    """Drives ``python -m backends.engine_server`` and reads its events with a timeout."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "backends.engine_server"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.events.put(json.loads(line))
+        self.events.put(None)
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write((json.dumps(message) + "\n").encode())
+        self.process.stdin.flush()
+
+    def next_event(self) -> dict[str, Any]:
+        event = self.events.get(timeout=EVENT_TIMEOUT)
+        assert event is not None, "the engine process ended"
+        return event
+
+    def until(self, *types: str) -> list[dict[str, Any]]:
+        """Every event up to and including the first of ``types``."""
+        seen = []
+        while True:
+            event = self.next_event()
+            seen.append(event)
+            if event["type"] in types:
+                return seen
+
+    def close(self) -> int:
+        if self.process.poll() is None:
+            self.send({"type": "quit"})
+        return self.process.wait(timeout=60)
+
+
+@pytest.fixture
+def engine_process() -> Iterator[EngineProcess]:
+    process = EngineProcess()
+    assert process.next_event()["type"] == "ready"
+    yield process
+    if process.process.poll() is None:
+        process.process.kill()
+        process.process.wait()
+
+
+def _ask(text: str, request_id: int = 1, **settings: Any) -> dict[str, Any]:
+    generation = GenerationSettings(max_tokens=settings.pop("max_tokens", 48), **settings)
+    return generate_command(GenerateRequest(request_id, (ChatMessage("user", text),), generation))
+
+
+def test_answer_streams_with_origins_and_equals_plain_decoding(
+    engine_process: EngineProcess, smollm_path: Path
+) -> None:
+    request = LoadRequest(str(smollm_path), str(smollm_path), method="draft-model", n_ctx=2048)
+    engine_process.send(load_command(request))
+    loaded = engine_process.until("loaded", "error")[-1]
+    assert loaded["type"] == "loaded", loaded
+    assert loaded["main"]["backend"]
+    assert loaded["draft"]["gpu_layers"] >= 0
+    engine_process.send(_ask(QUESTION))
+    events = engine_process.until("finished", "error")
+    assert events[-1]["type"] == "finished", events[-1]
+    assert events[0]["type"] == "started"
+    assert events[0]["run"] == "speculative"
+    streamed = [t for e in events if "tokens" in e for t in tokens_from_wire(e["tokens"])]
+    final = stats_from_wire(events[-1]["stats"])
+    assert final.generated_tokens == len(streamed) or final.stop_reason == "eos"
+    drafted = [t for t in streamed if t.origin is TokenOrigin.DRAFT]
+    assert len(drafted) == final.accepted_draft_tokens_count > 0
+    # Live stats only grow.
+    counts = [stats_from_wire(e["stats"]).generated_tokens for e in events if e["type"] == "tokens"]
+    assert counts == sorted(counts)
+
+    with LlamaEngine(smollm_path, LlamaLoadSettings(n_ctx=TEST_CONTEXT)) as engine:
+        plain = SpeculativeDecoder(engine)
+        prompt = plain.prompt_tokens([ChatMessage("user", QUESTION)])
+        expected = plain.run(prompt, GenerationSettings(max_tokens=48)).text
+    assert "".join(t.text for t in streamed) == expected
+    assert engine_process.close() == 0
+
+
+def test_comparison_runs_both_one_after_the_other(
+    engine_process: EngineProcess, smollm_path: Path
+) -> None:
+    engine_process.send(load_command(LoadRequest(str(smollm_path), method="ngram-simple")))
+    assert engine_process.until("loaded", "error")[-1]["type"] == "loaded"
+    message = _ask("Repeat this line three times: the quick brown fox jumps.", max_tokens=40)
+    message["compare"] = True
+    engine_process.send(message)
+    events = engine_process.until("compared", "error")
+    kinds = [(e["type"], e.get("run")) for e in events if e["type"] in ("started", "finished")]
+    assert kinds == [
+        ("started", "speculative"),
+        ("finished", "speculative"),
+        ("started", "plain"),
+        ("finished", "plain"),
+    ]
+    texts = {
+        run: "".join(
+            t.text
+            for e in events
+            if e.get("run") == run and "tokens" in e
+            for t in tokens_from_wire(e["tokens"])
+        )
+        for run in ("speculative", "plain")
+    }
+    compared = events[-1]
+    assert compared["identical"] is (texts["speculative"] == texts["plain"])
+    assert compared["identical"] is True
+    assert compared["speedup"] > 0
+    plain_tokens = [
+        t
+        for e in events
+        if e.get("run") == "plain" and "tokens" in e
+        for t in tokens_from_wire(e["tokens"])
+    ]
+    assert all(t.origin is TokenOrigin.TARGET for t in plain_tokens)
+
+
+def test_cancel_stops_a_running_generation(
+    engine_process: EngineProcess, smollm_path: Path
+) -> None:
+    engine_process.send(load_command(LoadRequest(str(smollm_path), method="off")))
+    assert engine_process.until("loaded", "error")[-1]["type"] == "loaded"
+    engine_process.send(_ask("Tell a very long story about the sea.", max_tokens=1500))
+    assert engine_process.until("tokens")[-1]["type"] == "tokens"
+    engine_process.send({"type": "cancel"})
+    finished = engine_process.until("finished", "error")[-1]
+    stats = stats_from_wire(finished["stats"])
+    assert stats.stop_reason == "cancelled"
+    assert stats.generated_tokens < 1500
+    # The process keeps serving after a cancel.
+    engine_process.send(_ask("Say hi.", request_id=2, max_tokens=4))
+    assert engine_process.until("finished", "error")[-1]["request_id"] == 2
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "incompatible", "no_model", "overflow"])
+def test_bad_input_is_one_line_error_and_the_process_lives_on(
+    engine_process: EngineProcess,
+    smollm_path: Path,
+    gemma_path: Path,
+    tmp_path: Path,
+    case: str,
+) -> None:
+    if case == "missing":
+        engine_process.send(load_command(LoadRequest(str(tmp_path / "nope.gguf"))))
+        expected = "not found"
+    elif case == "corrupt":
+        broken = tmp_path / "broken.gguf"
+        broken.write_bytes(b"GGUF" + b"\x00" * 64)
+        engine_process.send(load_command(LoadRequest(str(broken))))
+        expected = "broken.gguf"
+    elif case == "incompatible":
+        engine_process.send(load_command(LoadRequest(str(smollm_path), str(gemma_path))))
+        expected = "draft"
+    elif case == "no_model":
+        engine_process.send(_ask("hello"))
+        expected = "no model is loaded"
+    else:
+        engine_process.send(load_command(LoadRequest(str(smollm_path), n_ctx=256)))
+        assert engine_process.until("loaded", "error")[-1]["type"] == "loaded"
+        engine_process.send(_ask("word " * 400))
+        expected = "context holds 256"
+    error = engine_process.until("error", "loaded")[-1]
+    assert error["type"] == "error"
+    assert expected in error["message"]
+    assert "\n" not in error["message"]
+    assert "Traceback" not in error["message"]
+    engine_process.send({"type": "unload"})
+    assert engine_process.until("unloaded")[-1]["type"] == "unloaded"
+    assert engine_process.close() == 0
+
+
+def test_native_output_never_reaches_the_event_stream(
+    engine_process: EngineProcess, smollm_path: Path
+) -> None:
+    engine_process.send(load_command(LoadRequest(str(smollm_path), method="off")))
+    events = engine_process.until("loaded", "error")
+    # Every line parsed as a protocol event (the reader would have raised otherwise).
+    assert {e["type"] for e in events} <= {"load_progress", "loaded"}
+    assert engine_process.close() == 0
+    assert engine_process.process.stderr is not None
+    assert b"llama" in engine_process.process.stderr.read()
