@@ -31,12 +31,16 @@ if TYPE_CHECKING:
 
 Run = Literal["speculative", "plain"]
 RUNS: tuple[Run, ...] = get_args(Run)
-ColumnState = Literal["waiting", "running", "done", "stopped"]
+ColumnState = Literal["idle", "waiting", "running", "done", "stopped"]
 
 PLAIN_TITLE = "Main model alone"
 SPECULATIVE_TITLE_PREFIX = "Speculative · "
 WAITING_TEXT = "waiting…"
 RUNNING_TEXT = "generating…"
+IDLE_PLACEHOLDERS: dict[str, str] = {
+    "speculative": "Send a message: the answer with speculation comes here,",
+    "plain": "then the main model alone answers it here.",
+}
 STOPPED_TEXT = "stopped"
 IDENTICAL_TEXT = "Identical text"
 DIFFERENT_TEXT = "Texts differ"
@@ -266,9 +270,12 @@ class _Column(QWidget):
         self.speed.setText("" if self.stats is None else _speed_text(self.stats))
 
     def _update_status(self) -> None:
-        self.browser.setPlaceholderText(WAITING_TEXT if self.state == "waiting" else "")
+        placeholder = {"waiting": WAITING_TEXT, "idle": IDLE_PLACEHOLDERS[self.run]}
+        self.browser.setPlaceholderText(placeholder.get(self.state, ""))
         stats = self.stats
-        if self.state == "waiting":
+        if self.state == "idle":
+            text = ""
+        elif self.state == "waiting":
             text = WAITING_TEXT
         elif self.state == "running":
             text = RUNNING_TEXT
@@ -341,7 +348,9 @@ class CompareView(QWidget):
         layout.setSpacing(8)
         layout.addLayout(banner_row)
         layout.addLayout(columns, 1)
-        self.begin("")
+        self._columns["speculative"].reset("Speculative", "idle")
+        self._columns["plain"].reset(PLAIN_TITLE, "idle")
+        self._update_result_hidden()
 
     # --- what the main window calls -------------------------------------------------------
 

@@ -57,6 +57,7 @@ log = logging.getLogger("gui")
 
 SAVE_ANSWER_INTERVAL_MS = 500  # how often a streaming answer is written to the history
 WINDOW_STATE_FILE = "window.ini"
+EMPTY_CHAT_HINT = "Load a model pair in the sidebar, then ask something."
 
 
 class MessageInput(QPlainTextEdit):
@@ -146,6 +147,7 @@ class MainWindow(QMainWindow):
         self.conversations = ConversationList(self.store)
         self.chat = ChatPane()
         self.chat.set_visualize_drafts(bool(self.settings.get("visualize_drafts")))
+        self.chat.browser.setPlaceholderText(EMPTY_CHAT_HINT)
         self.compare_view = CompareView()
         self.compare_view.set_visualize_drafts(bool(self.settings.get("visualize_drafts")))
         self.meter = AcceptanceMeter()
@@ -602,7 +604,9 @@ class MainWindow(QMainWindow):
         generating = self.answer is not None
         self.send_button.setEnabled(not generating and self.loaded is not None)
         self.stop_button.setEnabled(generating)
-        self.regenerate_button.setEnabled(not generating and self.loaded is not None)
+        has_answer = self.chat.answer_count() > 0
+        self.regenerate_button.setEnabled(not generating and self.loaded is not None and has_answer)
+        self.copy_button.setEnabled(has_answer)
         self.sidebar.set_busy(generating)
 
     def _restore_window_state(self) -> None:

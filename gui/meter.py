@@ -529,6 +529,8 @@ class AcceptanceMeter(QWidget):
     def _update_gauge(self) -> None:
         if self._state == "idle":
             caption = ""
+        elif self._recent is None and self._stats and self._stats.total_draft_tokens_count:
+            caption = f"no drafts in the last {RECENT_ROUNDS} rounds"
         elif self._recent is None:
             caption = "nothing drafted yet"
         else:

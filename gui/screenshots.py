@@ -15,14 +15,14 @@ from PySide6.QtCore import QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication, QWidget
 
 from backends.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, ensure_model
+from backends.suite_prompts import SUITE_PROMPTS
 from gui.app import APP_NAME, prefer_default_pair
 from gui.main_window import MainWindow
 from gui.settings import AppSettings
 
-QUESTION = (
-    "Write a Python function `merge_intervals(intervals)` that merges overlapping "
-    "intervals, with type hints and a docstring."
-)
+# A code rewrite (the benchmark suite's "type-hints" prompt): the kind of coding request where
+# speculation pays on any machine, because the answer repeats most of the prompt.
+QUESTION = next(prompt.text for prompt in SUITE_PROMPTS if prompt.key == "type-hints")
 ANSWER_TIMEOUT_MS = 600_000
 SETTLE_MS = 400
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out", type=Path, help="folder for the PNG files")
     parser.add_argument("--question", default=QUESTION)
-    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--max-tokens", type=int, default=256)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     ensure_model(DEFAULT_MAIN_KEY)

@@ -177,7 +177,9 @@ def test_cancel_stops_a_running_generation(
     assert engine_process.until("finished", "error")[-1]["request_id"] == 2
 
 
-@pytest.mark.parametrize("case", ["missing", "corrupt", "incompatible", "no_model", "overflow"])
+@pytest.mark.parametrize(
+    "case", ["missing", "corrupt", "incompatible", "no_model", "overflow", "memory"]
+)
 def test_bad_input_is_one_line_error_and_the_process_lives_on(
     engine_process: EngineProcess,
     smollm_path: Path,
@@ -196,6 +198,10 @@ def test_bad_input_is_one_line_error_and_the_process_lives_on(
     elif case == "incompatible":
         engine_process.send(load_command(LoadRequest(str(smollm_path), str(gemma_path))))
         expected = "draft"
+    elif case == "memory":
+        # A context of 50M tokens needs a KV cache far beyond this machine's memory.
+        engine_process.send(load_command(LoadRequest(str(smollm_path), n_ctx=50_000_000)))
+        expected = "not enough memory"
     elif case == "no_model":
         engine_process.send(_ask("hello"))
         expected = "no model is loaded"
