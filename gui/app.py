@@ -7,6 +7,7 @@ import logging
 import sys
 import traceback
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backends.paths import user_data_dir
@@ -20,6 +21,8 @@ log = logging.getLogger("gui")
 
 APP_NAME = "SpecDeck"
 LOG_FILE = "specdeck.log"
+PIP_FLAG = "--pip"  # must match backends.provision's frozen download command
+MODELS_FLAG = "--models"  # the frozen app's specdeck-models: "specdeck --models fetch …"
 
 
 def app_version() -> str:
@@ -40,6 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="load the selected model pair (the default pair on first start) once the window opens",
     )
+    parser.add_argument(
+        "--self-test",
+        action="store_true",
+        help="open the window offscreen, load a small pair, answer once with speculation, "
+        "check the highlights and stats, exit 0 on success",
+    )
+    parser.add_argument("--main", type=Path, help="with --self-test: the main model file")
+    parser.add_argument("--draft", type=Path, help="with --self-test: the draft model file")
     parser.add_argument("--version", action="version", version=f"{APP_NAME} {app_version()}")
     # The frozen app has no separate Python to run the engine process with: it runs itself.
     parser.add_argument("--engine-server", action="store_true", help=argparse.SUPPRESS)
@@ -92,11 +103,26 @@ def prefer_default_pair() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Open the window; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == [PIP_FLAG]:
+        # The frozen app has no Python to run "-m pip" with: model downloads run pip here.
+        from pip._internal.cli.main import main as pip_main
+
+        return int(pip_main(arguments[1:]))
+    if arguments[:1] == [MODELS_FLAG]:
+        from backends.provision import main as models_main
+
+        return models_main(arguments[1:])
+    args = build_parser().parse_args(arguments)
     if args.engine_server:
         from backends.engine_server import main as serve
 
         serve()
+    if args.self_test:
+        from gui.self_test import run_self_test
+
+        logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+        return run_self_test(args.main, args.draft)
     _log_to_file()
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication

@@ -3,54 +3,48 @@
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field, replace
-from enum import Enum, auto
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, QRect, QRectF, Qt, QTimer
+from PySide6.QtCore import QPoint, Qt, QTimer
 from PySide6.QtGui import (
     QColor,
     QFont,
-    QFontMetrics,
     QGuiApplication,
-    QPainter,
     QTextBlockFormat,
     QTextCharFormat,
     QTextCursor,
-    QTextFormat,
     QTextFrameFormat,
 )
-from PySide6.QtWidgets import QMenu, QTextBrowser, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QMenu, QVBoxLayout, QWidget
 
 from backends.speculative import TokenOrigin
+from gui.answer_text import (
+    AnswerBrowser,
+    AnswerStyles,
+    AnswerWriter,
+    highlighted_text,
+    scaled_point_size,
+    text_runs,
+)
 from gui.style import (
-    CODE_BACKGROUND,
-    DRAFT_BACKGROUND,
-    DRAFT_BACKGROUND_IN_CODE,
-    DRAFT_TOOLTIP,
     ERROR_TEXT,
     MUTED_TEXT,
-    TARGET_TOOLTIP,
     TOKEN_FLUSH_MS,
     USER_BUBBLE_BACKGROUND,
-    monospace_font,
 )
 from gui.transcript import MessageRecord, MessageState, TokenSpan
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Sequence
 
-    from PySide6.QtGui import QHelpEvent, QPaintEvent, QResizeEvent, QTextBlock, QTextDocument
+    from PySide6.QtGui import QResizeEvent, QTextDocument
+    from PySide6.QtWidgets import QTextBrowser
 
     from backends.speculative import EmittedToken, SpeculationStats
+    from gui.answer_text import TextRun
 
 log = logging.getLogger(__name__)
-
-# Who produced a character is kept in its format, so what is read back is what is rendered.
-ORIGIN_PROPERTY = QTextFormat.Property.UserProperty.value + 1
-# Lines of a fenced code block (fences included) are marked, for the box painted behind them.
-CODE_LINE_PROPERTY = QTextFormat.Property.UserProperty.value + 2
 
 USER_LABEL = "You"
 ASSISTANT_LABEL = "Assistant"
@@ -83,35 +77,8 @@ BUBBLE_BORDER_WIDTH = 1
 BUBBLE_BOTTOM_MARGIN = 14
 FOOTER_TOP_MARGIN = 8
 NOTICE_TOP_MARGIN = 14
-CODE_PADDING = 12
-CODE_BOX_RADIUS = 6.0
-LINE_HEIGHT_PERCENT = 125
-CODE_LINE_HEIGHT_PERCENT = 115
 SMALL_POINT_SCALE = 0.88
-CODE_POINT_SCALE = 0.95
 AUTO_SCROLL_SLACK_PX = 24  # this close to the bottom still counts as "at the bottom"
-
-MAX_FENCE_INDENT = 3  # CommonMark: four spaces make an indented block, not a fence
-MIN_FENCE_RUN = 3
-FENCE_CHARACTERS = "`~"
-INLINE_CODE_SPLIT = re.compile("(`)")
-
-
-class _Kind(Enum):
-    """What a run of answer text is, for its look."""
-
-    PROSE = auto()
-    INLINE_CODE = auto()
-    CODE = auto()
-    FENCE = auto()
-
-
-class _FenceState(Enum):
-    """Whether the line being written is a code fence, as far as its text so far tells."""
-
-    UNDECIDED = auto()
-    FENCE = auto()
-    NOT_FENCE = auto()
 
 
 @dataclass(frozen=True)
@@ -130,66 +97,6 @@ class _AnswerPlacement:
     content_end: int | None = None  # None while it streams: the write cursor marks the end
     footer_start: int | None = None
     region_end: int | None = None
-
-
-def _fence_state(line: str, open_fence: str) -> _FenceState:
-    """Is ``line`` (a line's text so far) a fence? Decided by its prefix, so never revised."""
-    stripped = line.lstrip(" ")
-    if len(line) - len(stripped) > MAX_FENCE_INDENT:
-        return _FenceState.NOT_FENCE
-    if not stripped:
-        return _FenceState.UNDECIDED
-    if open_fence:
-        allowed, needed = open_fence[0], len(open_fence)
-    else:
-        allowed, needed = FENCE_CHARACTERS, MIN_FENCE_RUN
-    first = stripped[0]
-    if first not in allowed:
-        return _FenceState.NOT_FENCE
-    run = len(stripped) - len(stripped.lstrip(first))
-    if run >= needed:
-        return _FenceState.FENCE
-    if run == len(stripped):
-        return _FenceState.UNDECIDED
-    return _FenceState.NOT_FENCE
-
-
-def _fence_run(line: str) -> str:
-    """The fence characters that open a code block (``"```"`` of ``"```python"``)."""
-    stripped = line.lstrip(" ")
-    first = stripped[0]
-    return first * (len(stripped) - len(stripped.lstrip(first)))
-
-
-def _origin_of(char_format: QTextCharFormat) -> TokenOrigin | None:
-    value = char_format.property(ORIGIN_PROPERTY)
-    return TokenOrigin(value) if isinstance(value, str) and value else None
-
-
-@dataclass(frozen=True)
-class _Fragment:
-    """A run of one format in a block; position and length count UTF-16 units, as Qt does."""
-
-    position: int
-    length: int
-    text: str
-    char_format: QTextCharFormat
-
-
-def _fragments(block: QTextBlock) -> Iterator[_Fragment]:
-    """The fragments of ``block``, in order."""
-    iterator = block.begin()
-    while not iterator.atEnd():
-        fragment = iterator.fragment()
-        if fragment.isValid():
-            yield _Fragment(
-                fragment.position(), fragment.length(), fragment.text(), fragment.charFormat()
-            )
-        iterator += 1
-
-
-def _scaled_point_size(base: QFont, scale: float) -> float:
-    return max(1.0, base.pointSizeF() * scale)
 
 
 def stats_summary(stats: SpeculationStats) -> str:
@@ -233,28 +140,11 @@ def footer_parts(
     return error_text, FOOTER_SEPARATOR.join(muted)
 
 
-class _Styles:
-    """The character and block formats of the chat, built once per visualization setting."""
+class _ChatStyles(AnswerStyles):
+    """The formats of the chat: answer text, labels, bubbles and footers."""
 
     def __init__(self, base_font: QFont, visualize_drafts: bool) -> None:
-        self.visualize_drafts = visualize_drafts
-        self._base_font = base_font
-        self._char_formats: dict[tuple[_Kind, TokenOrigin | None], QTextCharFormat] = {}
-        mono = monospace_font()
-        self._mono_family = mono.family()
-
-        self.prose_block = QTextBlockFormat()
-        self.prose_block.setLineHeight(
-            LINE_HEIGHT_PERCENT, QTextBlockFormat.LineHeightTypes.ProportionalHeight.value
-        )
-        self.code_block = QTextBlockFormat()
-        self.code_block.setProperty(CODE_LINE_PROPERTY, True)
-        self.code_block.setLeftMargin(CODE_PADDING)
-        self.code_block.setRightMargin(CODE_PADDING)
-        self.code_block.setLineHeight(
-            CODE_LINE_HEIGHT_PERCENT, QTextBlockFormat.LineHeightTypes.ProportionalHeight.value
-        )
-
+        super().__init__(base_font, visualize_drafts)
         self.label_block = QTextBlockFormat()
         self.label_block.setTopMargin(MESSAGE_TOP_MARGIN)
         self.label_block.setBottomMargin(LABEL_BOTTOM_MARGIN)
@@ -276,7 +166,7 @@ class _Styles:
         self.body = QTextCharFormat()
         self.footer = QTextCharFormat()
         self.footer.setForeground(MUTED_TEXT)
-        self.footer.setFontPointSize(_scaled_point_size(base_font, SMALL_POINT_SCALE))
+        self.footer.setFontPointSize(scaled_point_size(base_font, SMALL_POINT_SCALE))
         self.footer_error = QTextCharFormat(self.footer)
         self.footer_error.setForeground(ERROR_TEXT)
         self.notice = QTextCharFormat(self.footer)
@@ -292,125 +182,13 @@ class _Styles:
         self.bubble.setBorderBrush(USER_BUBBLE_BORDER)
         self.bubble.setBorderStyle(QTextFrameFormat.BorderStyle.BorderStyle_Solid)
 
-    def char_format(self, kind: _Kind, origin: TokenOrigin | None) -> QTextCharFormat:
-        """The format of answer text of ``kind`` produced by ``origin``."""
-        key = (kind, origin)
-        cached = self._char_formats.get(key)
-        if cached is not None:
-            return cached
-        char_format = QTextCharFormat()
-        if kind is not _Kind.PROSE:
-            char_format.setFontFamilies([self._mono_family])
-            char_format.setFontFixedPitch(True)
-            char_format.setFontStyleHint(QFont.StyleHint.Monospace)
-            char_format.setFontPointSize(_scaled_point_size(self._base_font, CODE_POINT_SCALE))
-        if kind is _Kind.FENCE:
-            char_format.setForeground(MUTED_TEXT)
-        if kind is _Kind.INLINE_CODE:
-            char_format.setBackground(CODE_BACKGROUND)
-        if origin is not None:
-            char_format.setProperty(ORIGIN_PROPERTY, origin.value)
-            if self.visualize_drafts and origin is TokenOrigin.DRAFT:
-                in_code = kind is not _Kind.PROSE
-                char_format.setBackground(DRAFT_BACKGROUND_IN_CODE if in_code else DRAFT_BACKGROUND)
-        self._char_formats[key] = char_format
-        return char_format
-
-    @staticmethod
-    def is_draft_background(char_format: QTextCharFormat) -> bool:
-        """Is this text shown on the accepted-draft green?"""
-        if char_format.background().style() == Qt.BrushStyle.NoBrush:
-            return False
-        colour = char_format.background().color()
-        return colour in (DRAFT_BACKGROUND, DRAFT_BACKGROUND_IN_CODE)
-
-
-class _AnswerWriter:
-    """Appends one answer's text at a cursor, following fenced code blocks as the text grows.
-
-    Whether a character is in a code block is a function of the answer text before it; a
-    token may hold part of a fence, so a line is restyled once its prefix shows it is one.
-    """
-
-    def __init__(self, cursor: QTextCursor, styles: _Styles) -> None:
-        self._cursor = cursor
-        self._styles = styles
-        self._open_fence = ""  # the fence of the code block we are in, "" outside code
-        self._line_head = ""  # the current line's text while it may still be a fence
-        self._line_state = _FenceState.UNDECIDED
-        self._inline_code = False
-
-    def write(self, text: str, origin: TokenOrigin) -> None:
-        """Append ``text`` produced by ``origin``."""
-        for index, piece in enumerate(text.split("\n")):
-            if index > 0:
-                self._end_line(origin)
-            if piece:
-                self._write_on_line(piece, origin)
-
-    def _end_line(self, origin: TokenOrigin) -> None:
-        if self._line_state is _FenceState.FENCE:
-            self._open_fence = "" if self._open_fence else _fence_run(self._line_head)
-        self._line_head = ""
-        self._line_state = _FenceState.UNDECIDED
-        self._inline_code = False
-        if self._open_fence:
-            block_format, kind = self._styles.code_block, _Kind.CODE
-        else:
-            block_format, kind = self._styles.prose_block, _Kind.PROSE
-        # The separator carries the newline's origin, so it can be read back.
-        self._cursor.insertBlock(block_format, self._styles.char_format(kind, origin))
-
-    def _write_on_line(self, piece: str, origin: TokenOrigin) -> None:
-        if self._line_state is _FenceState.UNDECIDED:
-            self._line_head += piece
-            self._line_state = _fence_state(self._line_head, self._open_fence)
-            if self._line_state is _FenceState.FENCE:
-                self._restyle_line_as_fence()
-                if not self._open_fence:
-                    self._cursor.setBlockFormat(self._styles.code_block)
-            elif self._line_state is _FenceState.NOT_FENCE:
-                self._line_head = ""
-        elif self._line_state is _FenceState.FENCE:
-            self._line_head += piece
-        if self._line_state is _FenceState.FENCE:
-            self._insert(piece, _Kind.FENCE, origin)
-        elif self._open_fence:
-            self._insert(piece, _Kind.CODE, origin)
-        else:
-            self._write_prose(piece, origin)
-
-    def _write_prose(self, piece: str, origin: TokenOrigin) -> None:
-        for part in INLINE_CODE_SPLIT.split(piece):
-            if part == "`":
-                self._insert(part, _Kind.INLINE_CODE, origin)
-                self._inline_code = not self._inline_code
-            elif part:
-                kind = _Kind.INLINE_CODE if self._inline_code else _Kind.PROSE
-                self._insert(part, kind, origin)
-
-    def _insert(self, text: str, kind: _Kind, origin: TokenOrigin) -> None:
-        self._cursor.insertText(text, self._styles.char_format(kind, origin))
-
-    def _restyle_line_as_fence(self) -> None:
-        block = self._cursor.block()
-        runs = [
-            (fragment.position, fragment.length, _origin_of(fragment.char_format))
-            for fragment in _fragments(block)
-        ]
-        editor = QTextCursor(self._cursor.document())
-        for position, length, origin in runs:
-            editor.setPosition(position)
-            editor.setPosition(position + length, QTextCursor.MoveMode.KeepAnchor)
-            editor.setCharFormat(self._styles.char_format(_Kind.FENCE, origin))
-
 
 @dataclass
 class _LiveAnswer:
     """The answer being streamed: its record, the text so far and where it is written."""
 
     record: MessageRecord
-    writer: _AnswerWriter
+    writer: AnswerWriter
     placement: _AnswerPlacement
     parts: list[str] = field(default_factory=list)
     spans: list[TokenSpan] = field(default_factory=list)
@@ -420,10 +198,10 @@ class _LiveAnswer:
         self.record.spans = tuple(self.spans)
 
 
-class _ChatBrowser(QTextBrowser):
-    """A read-only text browser that paints a rounded box behind each fenced code block.
+class _ChatBrowser(AnswerBrowser):
+    """The chat's answer browser; on wide windows the text stays a readable column in the middle.
 
-    On wide windows the text stays a readable column in the middle.
+    Signals: none of its own.
     """
 
     def resizeEvent(self, event: QResizeEvent) -> None:
@@ -443,50 +221,6 @@ class _ChatBrowser(QTextBrowser):
         frame_format.setRightMargin(side)
         root.setFrameFormat(frame_format)
 
-    def paintEvent(self, event: QPaintEvent) -> None:
-        """Paint the code boxes, then the text over them."""
-        offset = QPointF(self.horizontalScrollBar().value(), self.verticalScrollBar().value())
-        boxes = self._code_boxes(QRectF(event.rect()).translated(offset))
-        if boxes:
-            painter = QPainter(self.viewport())
-            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-            painter.setPen(Qt.PenStyle.NoPen)
-            painter.setBrush(CODE_BACKGROUND)
-            for box in boxes:
-                painter.drawRoundedRect(box.translated(-offset), CODE_BOX_RADIUS, CODE_BOX_RADIUS)
-            painter.end()
-        super().paintEvent(event)
-
-    def _code_boxes(self, visible: QRectF) -> list[QRectF]:
-        """The boxes (document coordinates) of the code blocks that reach into ``visible``."""
-        document = self.document()
-        layout = document.documentLayout()
-        right = document.size().width() - document.rootFrame().frameFormat().rightMargin()
-        position = layout.hitTest(visible.topLeft(), Qt.HitTestAccuracy.FuzzyHit)
-        block = document.findBlock(max(0, position))
-        while block.previous().isValid() and _is_code_line(block.previous()):
-            block = block.previous()
-        boxes: list[QRectF] = []
-        box: QRectF | None = None
-        while block.isValid():
-            rect = layout.blockBoundingRect(block)
-            rect.setRight(right)  # the block's rectangle stops short of its right margin
-            if _is_code_line(block):
-                box = rect if box is None else box.united(rect)
-            elif box is not None:
-                boxes.append(box)
-                box = None
-            if rect.top() > visible.bottom():
-                break
-            block = block.next()
-        if box is not None:
-            boxes.append(box)
-        return boxes
-
-
-def _is_code_line(block: QTextBlock) -> bool:
-    return bool(block.blockFormat().property(CODE_LINE_PROPERTY))
-
 
 class ChatPane(QWidget):
     """The conversation of the main window, in a read-only QTextBrowser.
@@ -505,7 +239,6 @@ class ChatPane(QWidget):
         self._browser.setOpenLinks(False)
         self._browser.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self._browser.customContextMenuRequested.connect(self._show_context_menu)
-        self._browser.viewport().installEventFilter(self)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self._browser)
@@ -517,7 +250,7 @@ class ChatPane(QWidget):
         self._fresh_block = True  # the block at the end is empty and not yet part of anything
 
         self._visualize_drafts = True
-        self._styles = _Styles(self._document.defaultFont(), self._visualize_drafts)
+        self._styles = _ChatStyles(self._document.defaultFont(), self._visualize_drafts)
         self._items: list[MessageRecord | _Notice] = []
         self._answers: list[_AnswerPlacement] = []
         self._live: _LiveAnswer | None = None
@@ -643,6 +376,7 @@ class ChatPane(QWidget):
         if on == self._visualize_drafts:
             return
         self._visualize_drafts = on
+        self._browser.set_origin_tooltips(on)
         self._flush_pending_tokens()
         live_record = None
         if self._live is not None:
@@ -669,26 +403,22 @@ class ChatPane(QWidget):
 
     def answer_text(self, index: int = -1) -> str:
         """The generated text of an answer as rendered, without its label and footer."""
-        return "".join(text for text, _origin, _format in self._answer_runs(index))
+        return "".join(run.text for run in self._answer_runs(index))
 
     def answer_origins(self, index: int = -1) -> list[tuple[str, TokenOrigin]]:
         """The rendered answer as runs of text with one origin (adjacent runs merged)."""
         merged: list[tuple[str, TokenOrigin]] = []
-        for text, origin, _format in self._answer_runs(index):
-            who = origin if origin is not None else TokenOrigin.TARGET
+        for run in self._answer_runs(index):
+            who = run.origin if run.origin is not None else TokenOrigin.TARGET
             if merged and merged[-1][1] is who:
-                merged[-1] = (merged[-1][0] + text, who)
+                merged[-1] = (merged[-1][0] + run.text, who)
             else:
-                merged.append((text, who))
+                merged.append((run.text, who))
         return merged
 
     def highlighted_text(self, index: int = -1) -> str:
         """The text of an answer shown on a draft-green background (line breaks aside)."""
-        return "".join(
-            text
-            for text, _origin, char_format in self._answer_runs(index)
-            if text != "\n" and _Styles.is_draft_background(char_format)
-        )
+        return highlighted_text(self._answer_runs(index))
 
     def footer_text(self, index: int = -1) -> str:
         """The footer line under an answer ("" while it streams or when it has none)."""
@@ -699,21 +429,7 @@ class ChatPane(QWidget):
 
     def origin_at(self, point: QPoint) -> TokenOrigin | None:
         """Who produced the answer character under ``point`` (viewport coordinates)."""
-        cursor = self._browser.cursorForPosition(point)
-        position = cursor.position()
-        if point.x() < self._browser.cursorRect(cursor).x():
-            position -= 1
-        if position < 0:
-            return None
-        block = self._document.findBlock(position)
-        if not block.isValid() or position >= block.position() + block.length() - 1:
-            return None
-        for fragment in _fragments(block):
-            if fragment.position <= position < fragment.position + fragment.length:
-                if not self._character_rect(position, fragment.char_format).contains(point):
-                    return None
-                return _origin_of(fragment.char_format)
-        return None
+        return self._browser.origin_at(point)
 
     def answer_index_at(self, point: QPoint) -> int | None:
         """The index of the answer under ``point`` (viewport coordinates), if any."""
@@ -746,22 +462,6 @@ class ChatPane(QWidget):
         return menu
 
     # --- Qt -----------------------------------------------------------------------------
-
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        """Show the origin of the token under the mouse as its tooltip."""
-        if watched is self._browser.viewport() and event.type() == QEvent.Type.ToolTip:
-            help_event = cast("QHelpEvent", event)
-            self._update_tooltip(help_event.pos(), help_event.globalPos())
-            return True
-        return super().eventFilter(watched, event)
-
-    def _update_tooltip(self, point: QPoint, global_point: QPoint) -> None:
-        origin = self.origin_at(point) if self._visualize_drafts else None
-        if origin is None:
-            QToolTip.hideText()
-            return
-        text = DRAFT_TOOLTIP if origin is TokenOrigin.DRAFT else TARGET_TOOLTIP
-        QToolTip.showText(global_point, text, self._browser.viewport())
 
     def _show_context_menu(self, point: QPoint) -> None:
         menu = self.context_menu(point)
@@ -817,7 +517,7 @@ class ChatPane(QWidget):
         self._cursor = QTextCursor(self._document)
         self._fresh_block = True
         self._answers.clear()
-        self._styles = _Styles(self._document.defaultFont(), self._visualize_drafts)
+        self._styles = _ChatStyles(self._document.defaultFont(), self._visualize_drafts)
         self._cursor.beginEditBlock()
         for item in self._items:
             if isinstance(item, _Notice):
@@ -865,7 +565,7 @@ class ChatPane(QWidget):
         self._open_block(self._styles.prose_block, self._styles.body)
         placement = _AnswerPlacement(region_start, self._cursor.position())
         self._answers.append(placement)
-        writer = _AnswerWriter(self._cursor, self._styles)
+        writer = AnswerWriter(self._cursor, self._styles)
         written = 0
         for span in record.spans:
             text = record.content[written : written + span.length]
@@ -892,37 +592,9 @@ class ChatPane(QWidget):
                 self._cursor.insertText(muted_text, self._styles.footer)
         placement.region_end = self._cursor.position()
 
-    def _answer_runs(self, index: int) -> list[tuple[str, TokenOrigin | None, QTextCharFormat]]:
+    def _answer_runs(self, index: int) -> list[TextRun]:
         placement = self._answers[index]
-        start = placement.content_start
-        end = (
-            placement.content_end if placement.content_end is not None else self._cursor.position()
-        )
-        runs: list[tuple[str, TokenOrigin | None, QTextCharFormat]] = []
-        block = self._document.findBlock(start)
-        while block.isValid() and block.position() <= end:
-            if block.position() > start:
-                separator = block.charFormat()
-                runs.append(("\n", _origin_of(separator), separator))
-            # Content blocks hold nothing but the answer, so whole fragments are taken.
-            for fragment in _fragments(block):
-                if start <= fragment.position < end:
-                    runs.append(
-                        (fragment.text, _origin_of(fragment.char_format), fragment.char_format)
-                    )
-            block = block.next()
-        return runs
-
-    def _character_rect(self, position: int, char_format: QTextCharFormat) -> QRect:
-        """The box of the character at ``position``, in viewport coordinates."""
-        cursor = QTextCursor(self._document)
-        cursor.setPosition(position)
-        left = self._browser.cursorRect(cursor)
-        cursor.setPosition(position + 1)
-        right = self._browser.cursorRect(cursor)
-        if right.top() == left.top() and right.x() > left.x():
-            width = right.x() - left.x()
-        else:
-            character = self._document.characterAt(position)
-            width = QFontMetrics(char_format.font()).horizontalAdvance(character)
-        return QRect(left.x(), left.y(), max(1, width), left.height())
+        end = placement.content_end
+        if end is None:
+            end = self._cursor.position()
+        return text_runs(self._document, placement.content_start, end)

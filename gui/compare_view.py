@@ -5,24 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal, get_args
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QColor, QTextBlockFormat, QTextCharFormat, QTextCursor
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QTextBrowser, QVBoxLayout, QWidget
+from PySide6.QtGui import QColor, QTextCursor
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from backends.speculative import TokenOrigin
-from gui.style import (
-    BAD,
-    CODE_BACKGROUND,
-    DRAFT_BACKGROUND,
-    DRAFT_BACKGROUND_IN_CODE,
-    DRAFT_TOOLTIP,
-    GOOD,
-    METER_REPAINT_MS,
-    MUTED_TEXT,
-    TARGET_TOOLTIP,
-    TOKEN_FLUSH_MS,
-    WARN,
-    monospace_font,
-)
+from gui.answer_text import AnswerBrowser, AnswerStyles, AnswerWriter, highlighted_text, text_runs
+from gui.style import BAD, GOOD, METER_REPAINT_MS, MUTED_TEXT, TOKEN_FLUSH_MS, WARN
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -48,7 +36,6 @@ NO_SPEEDUP_TEXT = "Speedup not measured: the main model alone produced no speed 
 LEGEND_TEXT = "Green: drafted tokens the main model accepted"
 LEGEND_OFF_TEXT = "Draft highlighting is off"
 PLAIN_SUBTITLE = "The same prompt, one token per step, no drafting"
-CODE_FENCE = "```"
 
 BROWSER_BORDER = QColor("#e5e7eb")
 BROWSER_BACKGROUND = QColor("#ffffff")
@@ -90,104 +77,13 @@ def _rgba(colour: QColor, alpha: int) -> str:
     return f"rgba({colour.red()}, {colour.green()}, {colour.blue()}, {alpha})"
 
 
-class _AnswerDocument:
-    """Appends token text to a text browser, marking drafted tokens and fenced code blocks.
-
-    Code detection is line-based: a line starting with three backticks opens or closes a
-    block, which is enough for answers that follow Markdown's usual fences.
-    """
-
-    def __init__(self, browser: QTextBrowser, *, marks_drafts: bool) -> None:
-        self._browser = browser
-        self.marks_drafts = marks_drafts
-        self.highlight = True
-        self._in_code = False
-        self._line = ""
-
-    def clear(self) -> None:
-        self._browser.clear()
-        self._in_code = False
-        self._line = ""
-
-    def append(self, tokens: Sequence[EmittedToken]) -> None:
-        scrollbar = self._browser.verticalScrollBar()
-        # Follow the answer only while the reader is at its end, never pull them back down.
-        at_end = scrollbar.value() >= scrollbar.maximum()
-        cursor = QTextCursor(self._browser.document())
-        cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.beginEditBlock()
-        for token in tokens:
-            drafted = token.origin is TokenOrigin.DRAFT
-            for index, part in enumerate(token.text.split("\n")):
-                if index > 0:
-                    self._end_line(cursor)
-                if part:
-                    cursor.insertText(part, self._char_format(drafted))
-                    self._line += part
-        cursor.endEditBlock()
-        if at_end:
-            scrollbar.setValue(scrollbar.maximum())
-
-    def _end_line(self, cursor: QTextCursor) -> None:
-        is_fence = self._line.lstrip().startswith(CODE_FENCE)
-        if is_fence and not self._in_code:
-            self._in_code = True
-            # The opening fence was typed before it could be recognised: restyle its line.
-            cursor.setBlockFormat(self._block_format())
-            cursor.movePosition(QTextCursor.MoveOperation.StartOfBlock)
-            cursor.movePosition(
-                QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor
-            )
-            code_font = QTextCharFormat()
-            code_font.setFont(monospace_font())
-            cursor.mergeCharFormat(code_font)
-            cursor.clearSelection()
-        elif is_fence:
-            self._in_code = False
-        cursor.insertBlock(self._block_format(), self._char_format(drafted=False))
-        self._line = ""
-
-    def _block_format(self) -> QTextBlockFormat:
-        block = QTextBlockFormat()
-        if self._in_code:
-            block.setBackground(CODE_BACKGROUND)
-        return block
-
-    def _char_format(self, drafted: bool) -> QTextCharFormat:
-        char = QTextCharFormat()
-        if self._in_code:
-            char.setFont(monospace_font())
-        if self.marks_drafts and self.highlight:
-            if drafted:
-                colour = DRAFT_BACKGROUND_IN_CODE if self._in_code else DRAFT_BACKGROUND
-                char.setBackground(colour)
-                char.setToolTip(DRAFT_TOOLTIP)
-            else:
-                char.setToolTip(TARGET_TOOLTIP)
-        return char
-
-    def highlighted_text(self) -> str:
-        """The text drawn on a draft background, read back from the document."""
-        marked = {DRAFT_BACKGROUND.rgba(), DRAFT_BACKGROUND_IN_CODE.rgba()}
-        pieces: list[str] = []
-        block = self._browser.document().begin()
-        while block.isValid():
-            fragments = block.begin()
-            while not fragments.atEnd():
-                fragment = fragments.fragment()
-                background = fragment.charFormat().background()
-                if (
-                    background.style() != Qt.BrushStyle.NoBrush
-                    and background.color().rgba() in marked
-                ):
-                    pieces.append(fragment.text())
-                fragments += 1
-            block = block.next()
-        return "".join(pieces)
-
-
 class _Column(QWidget):
-    """One run's answer: a header with its title and live speed, the text, a status line."""
+    """One run's answer: a header with its title and live speed, the text, a status line.
+
+    Only the speculative column shows drafts: every token of the main model alone is its own.
+
+    Signals: none.
+    """
 
     def __init__(self, run: Run, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -196,6 +92,8 @@ class _Column(QWidget):
         self.stats: SpeculationStats | None = None
         self.tokens: list[EmittedToken] = []
         self.pending: list[EmittedToken] = []
+        self.marks_drafts = run == "speculative"
+        self.visualize_drafts = True
 
         self.title = QLabel()
         title_font = self.font()
@@ -216,17 +114,20 @@ class _Column(QWidget):
         small_font.setPointSizeF(small_font.pointSizeF() * SMALL_POINT_SCALE)
         self.subtitle.setFont(small_font)
 
-        self.browser = QTextBrowser()
+        self.browser = AnswerBrowser()
         self.browser.setObjectName(f"{run}-answer")
         self.browser.setReadOnly(True)
-        self.browser.setOpenExternalLinks(False)
-        self.browser.document().setDocumentMargin(DOCUMENT_MARGIN_PX)
+        self.browser.setOpenLinks(False)
+        self.document = self.browser.document()
+        self.document.setUndoRedoEnabled(False)
+        self.document.setDocumentMargin(DOCUMENT_MARGIN_PX)
         self.browser.setStyleSheet(
             f"QTextBrowser {{ background: {BROWSER_BACKGROUND.name()};"
             f" border: 1px solid {BROWSER_BORDER.name()};"
             f" border-radius: {BROWSER_RADIUS_PX}px; }}"
         )
-        self.document = _AnswerDocument(self.browser, marks_drafts=run == "speculative")
+        self._cursor = QTextCursor(self.document)
+        self._writer = self._start_text()
 
         self.status = QLabel()
         self.status.setStyleSheet(_muted_style())
@@ -250,7 +151,7 @@ class _Column(QWidget):
         self.stats = None
         self.tokens.clear()
         self.pending.clear()
-        self.document.clear()
+        self._writer = self._start_text()
         self._update_header()
         self._update_status()
 
@@ -259,12 +160,40 @@ class _Column(QWidget):
             return
         batch, self.pending = self.pending, []
         self.tokens.extend(batch)
-        self.document.append(batch)
+        self._write(batch)
 
-    def rerender(self) -> None:
+    def set_visualize_drafts(self, on: bool) -> None:
+        self.visualize_drafts = on
+        self.browser.set_origin_tooltips(on)
         self.flush()
+        self._writer = self._start_text()
+        self._write(self.tokens)
+
+    def highlighted_text(self) -> str:
+        end = QTextCursor(self.document)
+        end.movePosition(QTextCursor.MoveOperation.End)
+        return highlighted_text(text_runs(self.document, 0, end.position()))
+
+    def _start_text(self) -> AnswerWriter:
+        """Empty the document; the writer returned appends an answer to it."""
         self.document.clear()
-        self.document.append(self.tokens)
+        self._cursor = QTextCursor(self.document)
+        styles = AnswerStyles(self.document.defaultFont(), self.visualize_drafts)
+        self._cursor.setBlockFormat(styles.prose_block)
+        return AnswerWriter(self._cursor, styles)
+
+    def _write(self, tokens: Sequence[EmittedToken]) -> None:
+        scrollbar = self.browser.verticalScrollBar()
+        # Follow the answer only while the reader is at its end, never pull them back down.
+        at_end = scrollbar.value() >= scrollbar.maximum()
+        self._cursor.beginEditBlock()
+        for token in tokens:
+            if token.text:
+                origin = token.origin if self.marks_drafts else TokenOrigin.TARGET
+                self._writer.write(token.text, origin)
+        self._cursor.endEditBlock()
+        if at_end:
+            scrollbar.setValue(scrollbar.maximum())
 
     def _update_header(self) -> None:
         self.speed.setText("" if self.stats is None else _speed_text(self.stats))
@@ -313,6 +242,7 @@ class CompareView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._columns: dict[Run, _Column] = {run: _Column(run) for run in RUNS}
+        self._visualize_drafts = True
 
         self._flush_timer = QTimer(self)
         self._flush_timer.setSingleShot(True)
@@ -426,13 +356,16 @@ class CompareView(QWidget):
             column.update_display()
 
     def set_visualize_drafts(self, on: bool) -> None:
-        """Show (or not) the speculative column's accepted draft tokens on green."""
-        column = self._columns["speculative"]
-        if column.document.highlight == on:
+        """Show (or not) the speculative column's accepted draft tokens on green.
+
+        Both columns tell the origin of the token under the mouse only while this is on.
+        """
+        if self._visualize_drafts == on:
             return
-        column.document.highlight = on
-        column.subtitle.setText(LEGEND_TEXT if on else LEGEND_OFF_TEXT)
-        column.rerender()
+        self._visualize_drafts = on
+        self._columns["speculative"].subtitle.setText(LEGEND_TEXT if on else LEGEND_OFF_TEXT)
+        for column in self._columns.values():
+            column.set_visualize_drafts(on)
 
     # --- readback -------------------------------------------------------------------------
 
@@ -462,7 +395,7 @@ class CompareView(QWidget):
 
     def highlighted_text(self, run: Run = "speculative") -> str:
         """``run``'s text on a draft background, read back from its document."""
-        return self._columns[run].document.highlighted_text()
+        return self._columns[run].highlighted_text()
 
     # --- timers and updates ---------------------------------------------------------------
 

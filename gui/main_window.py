@@ -27,17 +27,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.catalog import default_model_folders, scan_models
+from backends.catalog import CatalogScan, default_model_folders, scan_models
 from backends.engine import ChatMessage
-from backends.engine_protocol import GenerateRequest
+from backends.engine_protocol import GenerateRequest, LoadRequest
 from backends.errors import SpecDeckError
 from backends.paths import user_data_dir
+from gui.about import show_about
 from gui.background import BackgroundTask
 from gui.chat_pane import ChatPane
 from gui.chat_store import ChatStore, HistoryError
 from gui.compare_view import CompareView
 from gui.conversation_list import ConversationList
-from gui.engine_client import EngineClient
+from gui.engine_client import EngineClient, LoadedPair
 from gui.first_run import FirstRunDialog
 from gui.meter import AcceptanceMeter
 from gui.settings import AppSettings, extra_model_folders, generation_settings
@@ -47,10 +48,8 @@ from gui.style import ERROR_TEXT
 from gui.transcript import spans_from_tokens
 
 if TYPE_CHECKING:
-    from backends.catalog import CatalogScan
-    from backends.engine_protocol import LoadRequest
+    from backends.engine_protocol import RunKind
     from backends.speculative import EmittedToken, SpeculationStats
-    from gui.engine_client import LoadedPair
     from gui.transcript import MessageState
 
 log = logging.getLogger("gui")
@@ -234,6 +233,16 @@ class MainWindow(QMainWindow):
         stop.setShortcut(QKeySequence(Qt.Key.Key_Escape))
         stop.triggered.connect(self.stop_generation)
         self.addAction(stop)  # Ctrl+N belongs to the conversation list's "New chat"
+        chat_menu = self.menuBar().addMenu("&Chat")
+        chat_menu.addAction(self.conversations.new_chat_action)
+        chat_menu.addAction(stop)
+        chat_menu.addSeparator()
+        quit_action = chat_menu.addAction("&Quit")
+        quit_action.setShortcut(QKeySequence.StandardKey.Quit)
+        quit_action.triggered.connect(self.close)
+        help_menu = self.menuBar().addMenu("&Help")
+        about = help_menu.addAction(f"&About {self.windowTitle()}")
+        about.triggered.connect(self.show_about)
 
         self._save_timer = QTimer(self)
         self._save_timer.setInterval(SAVE_ANSWER_INTERVAL_MS)
@@ -299,14 +308,14 @@ class MainWindow(QMainWindow):
         self.load_models(request)
 
     def _on_scanned(self, scan: object) -> None:
-        self.catalog = scan  # type: ignore[assignment]
-        assert self.catalog is not None
-        self.sidebar.set_catalog(self.catalog)
+        assert isinstance(scan, CatalogScan)
+        self.catalog = scan
+        self.sidebar.set_catalog(scan)
         self._update_estimate()
-        if self._load_after_scan and self.catalog.models:
+        if self._load_after_scan and scan.models:
             self._load_after_scan = False
             self._load_selected_pair()
-        if not self.catalog.models and self.offer_first_run:
+        if not scan.models and self.offer_first_run:
             self.offer_first_run = False
             QTimer.singleShot(0, self._show_first_run)
 
@@ -320,13 +329,13 @@ class MainWindow(QMainWindow):
 
     def load_models(self, request: object) -> None:
         """Load the pair the sidebar asked for in the engine process."""
-        assert not isinstance(request, str)
-        self.last_load = request  # type: ignore[assignment]
+        assert isinstance(request, LoadRequest)
+        self.last_load = request
         self.crash_banner.hide()
         self.loaded = None
         self.sidebar.set_loading(True)
         self.sidebar.clear_error()
-        self.client.load(request)  # type: ignore[arg-type]
+        self.client.load(request)
         self.status.set_engine_pid(self.client.pid)
         self._update_controls()
 
@@ -343,11 +352,11 @@ class MainWindow(QMainWindow):
             self.load_models(self.last_load)
 
     def _on_loaded(self, pair: object) -> None:
-        self.loaded = pair  # type: ignore[assignment]
-        assert self.loaded is not None
-        self.sidebar.set_loaded(self.loaded.main, self.loaded.draft)
+        assert isinstance(pair, LoadedPair)
+        self.loaded = pair
+        self.sidebar.set_loaded(pair.main, pair.draft)
         self.status.set_engine_pid(self.client.pid)
-        self.status.set_gpu(_gpu_summary(self.loaded))
+        self.status.set_gpu(_gpu_summary(pair))
         self._update_controls()
         self.models_loaded.emit()
 
@@ -384,6 +393,14 @@ class MainWindow(QMainWindow):
         self._update_controls()
 
     def _on_conversation_deleted(self, conversation_id: int) -> None:
+        answer = self.answer
+        if answer is not None and answer.conversation_id == conversation_id:
+            # Its rows are gone with the conversation: stop and forget the answer.
+            self.answer = None
+            self._save_timer.stop()
+            self.client.cancel()
+            self.meter.reset()
+            self._update_controls()
         if conversation_id != self.conversation_id:
             return
         self.conversation_id = None
@@ -481,8 +498,8 @@ class MainWindow(QMainWindow):
             self.chat.append_tokens(tokens)
             self.meter.update_stats(stats)
         if self.answer.compare:
-            self.compare_view.append_tokens(run, tokens)  # type: ignore[arg-type]
-            self.compare_view.update_stats(run, stats)  # type: ignore[arg-type]
+            self.compare_view.append_tokens(_run_kind(run), tokens)
+            self.compare_view.update_stats(_run_kind(run), stats)
 
     def _on_run_finished(
         self, request_id: int, run: str, tokens: list[EmittedToken], stats: SpeculationStats
@@ -492,8 +509,8 @@ class MainWindow(QMainWindow):
         answer = self.answer
         assert answer is not None
         if answer.compare:
-            self.compare_view.append_tokens(run, tokens)  # type: ignore[arg-type]
-            self.compare_view.finish_run(run, stats)  # type: ignore[arg-type]
+            self.compare_view.append_tokens(_run_kind(run), tokens)
+            self.compare_view.finish_run(_run_kind(run), stats)
         if run == "plain":
             answer.plain_stats = stats
             if stats.stop_reason == "cancelled":
@@ -623,6 +640,10 @@ class MainWindow(QMainWindow):
         state.setValue("geometry", self.saveGeometry())
         state.setValue("main_split", self.main_split.saveState())
 
+    def show_about(self) -> None:
+        """The About box (version, build, engine backend, data folders)."""
+        show_about(self, self.loaded.main.backend if self.loaded is not None else None)
+
     def shutdown(self) -> None:
         """Save what streams, stop the engine, close the history (idempotent)."""
         self.sidebar.flush_pending_edits()
@@ -638,6 +659,12 @@ class MainWindow(QMainWindow):
         """Quit cleanly: the answer so far is in the history already."""
         self.shutdown()
         super().closeEvent(event)
+
+
+def _run_kind(run: str) -> RunKind:
+    if run == "plain":
+        return "plain"
+    return "speculative"
 
 
 def _gpu_summary(pair: LoadedPair) -> str:

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QEventLoop, QTimer
+from PySide6.QtCore import QEventLoop, QTimer, SignalInstance
 from PySide6.QtWidgets import QApplication, QWidget
 
 from backends.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, ensure_model
@@ -27,7 +27,7 @@ ANSWER_TIMEOUT_MS = 600_000
 SETTLE_MS = 400
 
 
-def _wait(signal: object, timeout_ms: int) -> bool:
+def _wait(signal: SignalInstance, timeout_ms: int) -> bool:
     """Run the event loop until ``signal`` fires (True) or the timeout passes (False)."""
     loop = QEventLoop()
     fired = []
@@ -36,10 +36,10 @@ def _wait(signal: object, timeout_ms: int) -> bool:
         fired.append(True)
         loop.quit()
 
-    signal.connect(done)  # type: ignore[attr-defined]
+    signal.connect(done)
     _quit_after(loop, timeout_ms)
     loop.exec()
-    signal.disconnect(done)  # type: ignore[attr-defined]
+    signal.disconnect(done)
     return bool(fired)
 
 

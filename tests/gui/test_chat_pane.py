@@ -11,7 +11,8 @@ from PySide6.QtGui import QFontInfo, QGuiApplication, QHelpEvent
 from PySide6.QtWidgets import QApplication, QToolTip
 
 from backends.speculative import EmittedToken, SpeculationStats, TokenOrigin
-from gui.chat_pane import CODE_PADDING, MAX_COLUMN_WIDTH, ChatPane
+from gui.answer_text import CODE_PADDING
+from gui.chat_pane import MAX_COLUMN_WIDTH, ChatPane
 from gui.style import (
     CODE_BACKGROUND,
     DRAFT_TOOLTIP,

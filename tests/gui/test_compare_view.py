@@ -5,11 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pytest
-from PySide6.QtWidgets import QLabel, QTextBrowser
+from PySide6.QtCore import QEvent, QPoint
+from PySide6.QtGui import QFontInfo, QHelpEvent
+from PySide6.QtWidgets import QApplication, QLabel, QToolTip
 
 from backends.speculative import EmittedToken, SpeculationStats, TokenOrigin
+from gui.answer_text import CODE_PADDING, AnswerBrowser, is_code_line
 from gui.compare_view import CompareView, speedup_for
-from gui.style import BAD, CODE_BACKGROUND, GOOD, WARN
+from gui.style import BAD, CODE_BACKGROUND, DRAFT_TOOLTIP, GOOD, WARN
 
 if TYPE_CHECKING:
     from pytestqt.qtbot import QtBot
@@ -98,7 +101,24 @@ def test_visualize_drafts_off_and_on_again(qtbot: QtBot, view: CompareView) -> N
     assert view.column_text("speculative") == ANSWER
 
 
+def answer_browser(view: CompareView, run: str) -> AnswerBrowser:
+    browser = view.findChild(AnswerBrowser, f"{run}-answer")
+    assert browser is not None
+    return browser
+
+
+def point_inside(browser: AnswerBrowser, needle: str) -> QPoint:
+    """A viewport point over the first character of ``needle`` in ``browser``."""
+    cursor = browser.document().find(needle)
+    assert not cursor.isNull(), needle
+    cursor.setPosition(cursor.selectionStart())
+    rect = browser.cursorRect(cursor)
+    return QPoint(rect.x() + 1, rect.center().y())
+
+
 def test_fenced_code_gets_a_code_block(qtbot: QtBot, view: CompareView) -> None:
+    view.resize(1000, 500)
+    view.show()
     view.append_tokens(
         "speculative",
         tokens(("Look:\n```py", T), ("thon\nx = ", T), ("1", D), ("\n```\n", T), ("Done.", T)),
@@ -106,15 +126,13 @@ def test_fenced_code_gets_a_code_block(qtbot: QtBot, view: CompareView) -> None:
     expected = "Look:\n```python\nx = 1\n```\nDone."
     qtbot.waitUntil(lambda: view.column_text("speculative") == expected, timeout=2000)
 
-    browser = view.findChild(QTextBrowser, "speculative-answer")
-    assert browser is not None
-    backgrounds: dict[str, bool] = {}
+    browser = answer_browser(view, "speculative")
+    code_lines: dict[str, bool] = {}
     block = browser.document().begin()
     while block.isValid():
-        colour = block.blockFormat().background().color()
-        backgrounds[block.text()] = colour == CODE_BACKGROUND
+        code_lines[block.text()] = is_code_line(block)
         block = block.next()
-    assert backgrounds == {
+    assert code_lines == {
         "Look:": False,
         "```python": True,
         "x = 1": True,
@@ -122,6 +140,44 @@ def test_fenced_code_gets_a_code_block(qtbot: QtBot, view: CompareView) -> None:
         "Done.": False,
     }
     assert view.highlighted_text() == "1"
+
+    mono = QFontInfo(browser.document().find("x = ").charFormat().font())
+    assert mono.fixedPitch()
+    image = browser.viewport().grab().toImage()
+    code = point_inside(browser, "x = ")
+    assert image.pixelColor(code.x() - CODE_PADDING // 2, code.y()) == CODE_BACKGROUND
+    prose = point_inside(browser, "Done")
+    assert image.pixelColor(prose.x() - CODE_PADDING // 2, prose.y()) != CODE_BACKGROUND
+
+
+def test_columns_tell_token_origins_while_drafts_are_shown(qtbot: QtBot, view: CompareView) -> None:
+    view.resize(1000, 500)
+    view.show()
+    view.append_tokens("speculative", SPEC_TOKENS)
+    view.append_tokens("plain", SPEC_TOKENS)
+    qtbot.waitUntil(lambda: view.column_text("plain") == ANSWER, timeout=2000)
+    speculative = answer_browser(view, "speculative")
+    plain = answer_browser(view, "plain")
+
+    assert speculative.origin_at(point_inside(speculative, "quick")) is D
+    assert speculative.origin_at(point_inside(speculative, "fox")) is T
+    # The main model alone wrote every token of its column, whatever a run reported.
+    assert plain.origin_at(point_inside(plain, "quick")) is T
+
+    viewport = speculative.viewport()
+    point = point_inside(speculative, "quick")
+    QApplication.sendEvent(
+        viewport, QHelpEvent(QEvent.Type.ToolTip, point, viewport.mapToGlobal(point))
+    )
+    qtbot.waitUntil(lambda: QToolTip.text() == DRAFT_TOOLTIP, timeout=2000)
+    QToolTip.hideText()
+
+    view.set_visualize_drafts(False)
+    assert not speculative.origin_tooltips()
+    assert not plain.origin_tooltips()
+    view.set_visualize_drafts(True)
+    assert speculative.origin_tooltips()
+    assert plain.origin_tooltips()
 
 
 def test_live_speed_follows_the_repaint_timer(qtbot: QtBot, view: CompareView) -> None:

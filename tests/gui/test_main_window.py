@@ -302,3 +302,22 @@ def test_bad_model_choices_end_in_one_line_sidebar_errors(
     assert "\n" not in window.sidebar.error_text()
     assert window.loaded is None
     assert not window.send_button.isEnabled()
+
+
+def test_deleting_the_chat_being_answered_stops_the_answer(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    window.settings.set("max_tokens", 2000)
+    window.input.setPlainText("Tell a very long story about a mountain.")
+    window.send_message()
+    answer = window.answer
+    assert answer is not None
+    qtbot.waitUntil(lambda: len(answer.tokens) >= 4, timeout=ANSWER_TIMEOUT_MS)
+    deleted = answer.conversation_id
+    assert window.conversations.delete_conversation(deleted, confirm=False)
+    assert window.answer is None
+    assert window.conversation_id not in (None, deleted)
+    assert deleted not in [c.conversation_id for c in window.store.list_conversations()]
+    window.settings.set("max_tokens", 6)
+    # The cancelled generation's late events are ignored; the next answer works.
+    assert _ask(qtbot, window, "Say hello.") == "complete"
