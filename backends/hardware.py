@@ -118,10 +118,40 @@ def _backend_name(devices: tuple[ComputeDevice, ...], system_info: str) -> str:
 
 
 @functools.cache
+def load_ggml_backends() -> int:
+    """Register ggml's backends if the build keeps them in separate libraries; their count.
+
+    Builds with GGML_BACKEND_DL (the desktop bundle's: one CPU library per instruction set,
+    picked at run time) register nothing until their backends are loaded, and llama.cpp only
+    looks next to the executable, which in a bundle is not where llama_cpp/lib is.
+    """
+    lib = _ggml_device_functions()
+    if lib is None:
+        return 0
+    try:
+        lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+        lib.ggml_backend_reg_count.argtypes = []
+        if lib.ggml_backend_reg_count() == 0:
+            from llama_cpp import _ggml
+
+            lib.ggml_backend_load_all_from_path.restype = None
+            lib.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+            folder = os.path.dirname(_ggml.libggml._name)
+            lib.ggml_backend_load_all_from_path(os.fsencode(folder))
+            if lib.ggml_backend_reg_count() == 0:
+                log.warning("no llama.cpp backend could be loaded from %s", folder)
+        return int(lib.ggml_backend_reg_count())
+    except AttributeError as error:
+        log.debug("libggml cannot load backends: %s", error)
+        return 0
+
+
+@functools.cache
 def llama_build_info() -> LlamaBuildInfo:
     """Detect the installed llama.cpp build's backend (CUDA / Vulkan / Metal / CPU) and devices."""
     import llama_cpp
 
+    load_ggml_backends()
     llama_cpp.llama_backend_init()
     system_info = llama_cpp.llama_print_system_info().decode(errors="replace")
     devices = _list_devices()

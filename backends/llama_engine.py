@@ -17,7 +17,7 @@ import numpy as np
 from backends.engine import ChatMessage, LoadReport, LogitRows, VocabFacts
 from backends.errors import ContextOverflowError, EngineError, ModelFileError, SettingsError
 from backends.gguf_info import read_model_info
-from backends.hardware import llama_build_info, physical_cores
+from backends.hardware import llama_build_info, load_ggml_backends, physical_cores
 
 log = logging.getLogger(__name__)
 native_log = logging.getLogger("backends.llama_engine.native")
@@ -124,6 +124,7 @@ def _init_llama() -> _NativeLog:
         if _native_log is None:
             import llama_cpp
 
+            load_ggml_backends()
             llama_cpp.llama_backend_init()
             _native_log = _NativeLog()
         return _native_log

@@ -36,11 +36,13 @@ def about_lines(engine_backend: str | None = None) -> list[tuple[str, str]]:
     rows = [("Version", app_version())]
     if info:
         rows.append(("Build", f"{info.get('commit', '?')}, {info.get('built', '?')}"))
+        variants = info.get("llama_cpu_variants")
+        cpu = f", CPU variants chosen at run time: {variants}" if variants else ""
         rows.append(
             (
                 "llama.cpp",
                 f"llama-cpp-python {info.get('llama_cpp_python', '?')}, "
-                f"{info.get('llama_backend', '?')} build",
+                f"{info.get('llama_backend', '?')} build{cpu}",
             )
         )
     else:

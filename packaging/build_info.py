@@ -32,9 +32,16 @@ def _git_commit() -> str:
 
 def main() -> int:
     """Write the build record."""
+    import llama_cpp
+
     from backends.hardware import llama_build_info
 
     build = llama_build_info()
+    library_folder = Path(llama_cpp.__file__).parent / "lib"
+    cpu_variants = sorted(
+        path.name.removeprefix("libggml-cpu-").split(".")[0]
+        for path in library_folder.glob("libggml-cpu-*")
+    )
     info = {
         "version": version("specdeck"),
         "commit": _git_commit(),
@@ -43,6 +50,8 @@ def main() -> int:
         "python": sys.version.split()[0],
         "llama_cpp_python": version("llama_cpp_python"),
         "llama_backend": build.backend,
+        # Empty for a build tuned to the build machine's CPU (GGML_NATIVE).
+        "llama_cpu_variants": ", ".join(dict.fromkeys(cpu_variants)),
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "build_info.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

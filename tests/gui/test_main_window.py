@@ -240,6 +240,7 @@ def test_event_loop_never_stalls_while_tokens_stream(qtbot: QtBot, window: MainW
     assert _ask(qtbot, window, QUESTION) == "complete"
     ticker.stop()
     assert len(gaps) > 50
+    print(f"longest event-loop stall: {max(gaps[1:])} ms over {len(gaps)} ticks")
     assert max(gaps[1:]) < MAX_EVENT_LOOP_STALL_MS, f"longest stall {max(gaps[1:])} ms"
 
 
