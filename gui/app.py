@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 from importlib.metadata import PackageNotFoundError, version
@@ -70,6 +71,18 @@ def _log_to_file() -> None:
     )
 
 
+def _display_problem() -> str | None:
+    """Why no window can open here (Qt would abort the process instead of saying so)."""
+    if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
+        return None
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return None
+    return (
+        "no display: neither DISPLAY nor WAYLAND_DISPLAY is set; start SpecDeck from a "
+        "desktop session (specdeck --self-test works without one)"
+    )
+
+
 def _install_excepthook(window: MainWindow) -> None:
     """An unexpected error in a slot becomes a logged traceback and a one-line status message."""
 
@@ -123,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
 
         logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
         return run_self_test(args.main, args.draft)
+    if problem := _display_problem():
+        print(f"specdeck: error: {problem}", file=sys.stderr)
+        return 2
     _log_to_file()
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication

@@ -1,4 +1,4 @@
-"""The About box's facts: the installed version, and a bundle's build record."""
+"""The app entry point: the About box facts, a bundle's build record, no display."""
 
 from __future__ import annotations
 
@@ -32,3 +32,22 @@ def test_bundle_shows_its_build_record(tmp_path: Path, monkeypatch: pytest.Monke
     rows = dict(about_lines())
     assert rows["Build"] == "abc123, 2026-11-30 04:00 UTC"
     assert rows["llama.cpp"] == "llama-cpp-python 0.3.36, Vulkan build"
+
+
+def test_app_without_a_display_says_so_instead_of_aborting() -> None:
+    import os
+    import subprocess
+
+    environment = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    environment.pop("QT_QPA_PLATFORM", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "gui.app"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("specdeck: error: no display")
+    assert "\n" not in result.stderr.strip()
