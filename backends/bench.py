@@ -18,10 +18,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from backends.catalog import read_catalog_model
 from backends.compat import check_compatibility
 from backends.engine import ChatMessage
+from backends.engine_protocol import ENGINE_KINDS
 from backends.errors import SettingsError, SpecDeckError
-from backends.gguf_info import read_model_info
 from backends.methods import DEFAULT_METHOD, METHODS, SpeculationMethod, build_decoder, parse_method
 from backends.planner import CostCache
 from backends.sampling import SamplingSettings
@@ -40,7 +41,8 @@ from backends.suite_prompts import SUITE_PROMPTS
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
-    from backends.llama_engine import LlamaEngine
+    from backends.engine import ModelEngine
+    from backends.engine_protocol import EngineKind
 
 PROG = "specdeck-bench"
 DEFAULT_PROMPT = "Write a quicksort function in Python."
@@ -80,8 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
             "it uses the default pair (Qwen2.5-Coder 1.5B + 0.5B), fetched on first use."
         ),
     )
-    parser.add_argument("--main", type=Path, help="main (target) model, a GGUF file")
-    parser.add_argument("--draft", type=Path, help="draft model, a GGUF file")
+    parser.add_argument(
+        "--main",
+        type=Path,
+        help="main (target) model: a GGUF file, or an MLX folder with --engine mlx",
+    )
+    parser.add_argument("--draft", type=Path, help="draft model (same kind as --main)")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINE_KINDS,
+        default="llama.cpp",
+        help="inference engine (default: llama.cpp); mlx runs MLX model folders, and imports "
+        "the default pair from its GGUF files on first use",
+    )
     parser.add_argument(
         "--method",
         default=DEFAULT_METHOD,
@@ -212,7 +225,18 @@ def _model_paths(args: argparse.Namespace) -> tuple[Path, Path]:
         draft = args.draft or ensure_model(DEFAULT_DRAFT_KEY, progress)
     finally:
         progress.finish()
+    if args.engine == "mlx":
+        main, draft = (_mlx_folder(path) for path in (main, draft))
     return main, draft
+
+
+def _mlx_folder(path: Path) -> Path:
+    """An MLX folder as is; a GGUF file's MLX import, made on first use (with a progress bar)."""
+    if path.is_dir():
+        return path
+    from backends.gguf_to_mlx import ImportProgressBar, ensure_mlx_import
+
+    return ensure_mlx_import(path, ImportProgressBar(sys.stderr, path.stem))
 
 
 @contextmanager
@@ -223,24 +247,30 @@ def loaded_pair(
     n_ctx: int = 4096,
     n_threads: int | None = None,
     gpu_layers: int = -1,
-) -> Iterator[tuple[LlamaEngine, LlamaEngine | None]]:
+    engine: EngineKind = "llama.cpp",
+) -> Iterator[tuple[ModelEngine, ModelEngine | None]]:
     """Check the pair, load both models (the draft fully offloaded), close them after."""
-    from backends.llama_engine import LlamaEngine, LlamaLoadSettings
+    from backends.engines import open_engine
 
     if draft_path is not None:
-        check_compatibility(read_model_info(main_path), read_model_info(draft_path))
-    load = LlamaLoadSettings(n_ctx=n_ctx, n_threads=n_threads, gpu_layers=gpu_layers)
-    with LlamaEngine(main_path, load) as main:
+        check_compatibility(read_catalog_model(main_path), read_catalog_model(draft_path))
+    main = open_engine(engine, main_path, n_ctx=n_ctx, gpu_layers=gpu_layers, n_threads=n_threads)
+    try:
         if draft_path is None:
             yield main, None
             return
-        with LlamaEngine(draft_path, load, is_draft=True) as draft:
+        draft = open_engine(engine, draft_path, n_ctx=n_ctx, n_threads=n_threads, is_draft=True)
+        try:
             yield main, draft
+        finally:
+            draft.close()
+    finally:
+        main.close()
 
 
 def timed_run(
     decoder: SpeculativeDecoder,
-    engines: Sequence[LlamaEngine | None],
+    engines: Sequence[ModelEngine | None],
     prompt: Sequence[int],
     settings: GenerationSettings,
 ) -> GenerationResult:
@@ -251,7 +281,7 @@ def timed_run(
     return decoder.run(prompt, settings)
 
 
-def _load_report(main: LlamaEngine, draft: LlamaEngine | None, prompt: int) -> dict[str, object]:
+def _load_report(main: ModelEngine, draft: ModelEngine | None, prompt: int) -> dict[str, object]:
     return {
         "main": main.load_report.model_name,
         "draft": draft.load_report.model_name if draft is not None else None,
@@ -260,6 +290,7 @@ def _load_report(main: LlamaEngine, draft: LlamaEngine | None, prompt: int) -> d
         "backend": main.load_report.backend,
         "exact_batch_limit": main.exact_batch_limit,
         "prompt_tokens": prompt,
+        "notes": list(main.load_report.notes),
     }
 
 
@@ -275,10 +306,16 @@ def run_bench(
     n_threads: int | None = None,
     gpu_layers: int = -1,
     warmup: bool = True,
+    engine: EngineKind = "llama.cpp",
 ) -> tuple[BenchResult, dict[str, object]]:
     """Load the pair, run plain then speculative decoding, return both and a load report."""
     with loaded_pair(
-        main_path, draft_path, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=gpu_layers
+        main_path,
+        draft_path,
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        gpu_layers=gpu_layers,
+        engine=engine,
     ) as (main, draft):
         plain = SpeculativeDecoder(main)
         speculative = build_decoder(method, main, draft, adaptive=adaptive, p_min=settings.p_min)
@@ -338,6 +375,7 @@ def run_suite(
     gpu_layers: int = -1,
     prompt_keys: Sequence[str] | None = None,
     progress: TextIO | None = None,
+    engine: EngineKind = "llama.cpp",
 ) -> tuple[list[SuiteRow], dict[str, object]]:
     """Every suite prompt, plain and with every method, at temperature 0, in one process.
 
@@ -348,7 +386,12 @@ def run_suite(
     greedy = replace(settings, sampling=replace(settings.sampling, temperature=0.0))
     rows: list[SuiteRow] = []
     with loaded_pair(
-        main_path, draft_path, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=gpu_layers
+        main_path,
+        draft_path,
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        gpu_layers=gpu_layers,
+        engine=engine,
     ) as (main, draft):
         costs = CostCache()
         decoders = {
@@ -544,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
                 gpu_layers=args.gpu_layers,
                 prompt_keys=_suite_keys(args.suite_prompts),
                 progress=None if args.json else sys.stderr,
+                engine=args.engine,
             )
             if args.json:
                 print(json.dumps(suite_json(rows, suite_report), ensure_ascii=False))
@@ -561,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             n_threads=args.threads,
             gpu_layers=args.gpu_layers,
             warmup=not args.no_warmup,
+            engine=args.engine,
         )
     except SpecDeckError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

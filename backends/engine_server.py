@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
+from backends.catalog import read_catalog_model
 from backends.compat import check_compatibility
 from backends.engine import common_prefix_length
 from backends.engine_protocol import (
@@ -39,7 +40,6 @@ from backends.engine_protocol import (
 )
 from backends.engines import installed_engines, open_engine
 from backends.errors import ContextOverflowError, SettingsError, SpecDeckError
-from backends.gguf_info import read_model_info
 from backends.hardware import available_memory, estimate_pair_memory
 from backends.methods import build_decoder
 from backends.planner import CostCache
@@ -47,6 +47,8 @@ from backends.speculative import DEFAULT_P_MIN, GenerationResult, SpeculativeDec
 
 if TYPE_CHECKING:
     from backends.engine import ModelEngine
+    from backends.engine_protocol import EngineKind
+    from backends.gguf_info import ModelFormat
     from backends.hardware import ComputeDevice
     from backends.methods import SpeculationMethod
     from backends.speculative import EmittedToken, SpeculationStats
@@ -57,6 +59,8 @@ PROGRESS_EVENT_INTERVAL = 0.1  # seconds between load_progress events
 # Loading beyond what is available is refused only when clearly hopeless: the OS can page
 # out other programs, and the estimate is an estimate.
 MEMORY_REFUSAL_FACTOR = 1.5
+_FORMAT_OF_ENGINE: dict[EngineKind, ModelFormat] = {"llama.cpp": "gguf", "mlx": "mlx"}
+_FORMAT_NAMES: dict[ModelFormat, str] = {"gguf": "a GGUF", "mlx": "an MLX"}
 
 
 @dataclass
@@ -186,8 +190,15 @@ class EngineServer:
 
     def _load(self, request: LoadRequest) -> None:
         self._unload()
-        main_info = read_model_info(request.main_path)
-        draft_info = read_model_info(request.draft_path) if request.draft_path else None
+        main_info = read_catalog_model(request.main_path)
+        draft_info = read_catalog_model(request.draft_path) if request.draft_path else None
+        for info in (main_info, draft_info):
+            if info is not None and info.format != _FORMAT_OF_ENGINE[request.engine]:
+                wanted = _FORMAT_OF_ENGINE[request.engine]
+                raise SettingsError(
+                    f"{info.path.name} is {_FORMAT_NAMES[info.format]} model; the "
+                    f"{request.engine} engine reads {wanted.upper()} models"
+                )
         if draft_info is not None:
             check_compatibility(main_info, draft_info)
         needed = estimate_pair_memory(main_info, draft_info, request.n_ctx)

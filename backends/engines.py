@@ -35,16 +35,24 @@ def open_engine(
     is_draft: bool = False,
     progress: LoadProgress | None = None,
 ) -> ModelEngine:
-    """Load ``path`` with the engine ``kind``; the draft always goes fully onto the GPU."""
+    """Load ``path`` with the engine ``kind``; the draft always goes fully onto the GPU.
+
+    llama.cpp loads GGUF files; MLX loads MLX model folders (config.json, safetensors,
+    tokenizer.json), which ``backends.gguf_to_mlx`` can make from a GGUF file.
+    """
     if kind == "llama.cpp":
         from backends.llama_engine import LlamaEngine, LlamaLoadSettings
 
         settings = LlamaLoadSettings(n_ctx=n_ctx, gpu_layers=gpu_layers, n_threads=n_threads)
         return LlamaEngine(path, settings, is_draft=is_draft, progress=progress)
     if kind == "mlx":
-        raise SettingsError(
-            "the MLX engine is not part of this build yet; choose llama.cpp"
-            if importlib.util.find_spec("mlx_lm") is not None
-            else "the MLX engine needs mlx-lm (Apple Silicon, or mlx[cpu] on Linux)"
-        )
+        if importlib.util.find_spec("mlx_lm") is None:
+            raise SettingsError(
+                "the MLX engine needs mlx-lm (Apple Silicon, or mlx[cpu] on Linux); "
+                "choose llama.cpp or install SpecDeck's mlx-cpu extra"
+            )
+        from backends.mlx_engine import MlxEngine
+
+        # gpu_layers and n_threads do not apply: MLX keeps every layer on its one device.
+        return MlxEngine(path, n_ctx=n_ctx, is_draft=is_draft, progress=progress)
     raise SettingsError(f"unknown engine {kind!r}; choose llama.cpp or mlx")

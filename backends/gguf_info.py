@@ -12,7 +12,7 @@ import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gguf import (
     GGML_QUANT_SIZES,
@@ -43,6 +43,8 @@ MAX_METADATA_KEYS = 1 << 20
 MAX_TENSORS = 1 << 24
 MAX_ARRAY_LENGTH = 1 << 28
 MODEL_INFO_CACHE_SIZE = 32
+
+ModelFormat = Literal["gguf", "mlx"]
 
 # Marks a value that is stored in llama.cpp's in-memory file type, never meant for files.
 _FILE_TYPE_GUESSED_BIT = 1024
@@ -156,6 +158,7 @@ class ModelInfo:
     chat_template: str | None
     general_size_label: str | None = None  # general.size_label, as the model's authors state it
     kv_width: int | None = None  # K (and V) values per token per layer: kv heads × head size
+    format: ModelFormat = "gguf"  # "mlx": an MLX model folder (path is the folder)
 
     @property
     def size_label(self) -> str:

@@ -213,7 +213,8 @@ class Sidebar(QWidget):
     def __init__(self, settings: AppSettings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._settings = settings
-        self._models: tuple[ModelInfo, ...] = ()
+        self._catalog_models: tuple[ModelInfo, ...] = ()  # every format
+        self._models: tuple[ModelInfo, ...] = ()  # those the selected engine reads
         self._models_by_path: dict[str, ModelInfo] = {}
         self._state: LoadState = "unloaded"
         self._busy = False
@@ -481,7 +482,8 @@ class Sidebar(QWidget):
 
     def set_catalog(self, scan: CatalogScan) -> None:
         """Fill the pickers from a scan and select the remembered (or a sensible) pair."""
-        self._fill_pickers(scan.models)
+        self._catalog_models = tuple(scan.models)
+        self._fill_pickers(self._models_for_engine())
         count = len(scan.problems)
         if count:
             noun = "file" if count == 1 else "files"
@@ -657,7 +659,12 @@ class Sidebar(QWidget):
 
     def _on_engine_changed(self, _index: int) -> None:
         self._write_setting("engine", self._selected_engine())
-        self._selection_changed()
+        self._fill_pickers(self._models_for_engine())
+
+    def _models_for_engine(self) -> tuple[ModelInfo, ...]:
+        """llama.cpp reads GGUF files, MLX reads MLX folders: offer only what can load."""
+        wanted = "mlx" if self._selected_engine() == "mlx" else "gguf"
+        return tuple(info for info in self._catalog_models if info.format == wanted)
 
     def _on_main_changed(self, _index: int) -> None:
         if self._filling:

@@ -72,3 +72,86 @@ def qwen_draft(qwen_draft_path: Path) -> Iterator[LlamaEngine]:
 def user(text: str) -> list[ChatMessage]:
     """A one-message conversation."""
     return [ChatMessage("user", text)]
+
+
+# -- MLX: tiny random-weight model folders (built in-process, offline, in seconds) ---------------
+
+TINY_MLX_TEXTS = [
+    "def add(a, b):\n    return a + b\n",
+    "The quick brown fox jumps over the lazy dog.",
+    "for i in range(10):\n    print(i)\n",
+    "Write a quicksort function in Python.",
+]
+TINY_CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def write_tiny_mlx_folder(
+    folder: Path, *, seed: int, texts: list[str] | None = None, vocab_size: int = 320
+) -> Path:
+    """A 2-layer, hidden-64 qwen2 model with random weights and a tokenizer trained here."""
+    import json
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen2
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator((texts or TINY_MLX_TEXTS) * 20, trainer)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "bos_token": None,
+                "add_bos_token": False,
+                "chat_template": TINY_CHATML,
+            }
+        )
+    )
+    config = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": tokenizer.get_vocab_size(),
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        "eos_token_id": tokenizer.token_to_id("<|im_end|>"),
+        "torch_dtype": "float32",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    mx.random.seed(seed)
+    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))  # type: ignore[no-untyped-call]
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_mlx_main(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[mlx-cpu]')")
+    return write_tiny_mlx_folder(tmp_path_factory.mktemp("mlx") / "tiny-main", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_mlx_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[mlx-cpu]')")
+    return write_tiny_mlx_folder(tmp_path_factory.mktemp("mlx") / "tiny-draft", seed=1)

@@ -230,3 +230,33 @@ def test_native_output_never_reaches_the_event_stream(
     assert engine_process.close() == 0
     assert engine_process.process.stderr is not None
     assert b"llama" in engine_process.process.stderr.read()
+
+
+def test_mlx_folders_answer_through_the_same_process(
+    engine_process: EngineProcess, tiny_mlx_main: Path, tiny_mlx_draft: Path
+) -> None:
+    pytest.importorskip("mlx_lm", reason="the MLX engine needs mlx-lm (mlx[cpu] on Linux)")
+    request = LoadRequest(
+        str(tiny_mlx_main), str(tiny_mlx_draft), engine="mlx", method="draft-model", n_ctx=512
+    )
+    engine_process.send(load_command(request))
+    loaded = engine_process.until("loaded", "error")[-1]
+    assert loaded["type"] == "loaded", loaded
+    assert loaded["main"]["backend"].startswith("MLX")
+    engine_process.send(_ask("def add(a, b):", max_tokens=12))
+    finished = engine_process.until("finished", "error")[-1]
+    assert finished["type"] == "finished", finished
+    assert stats_from_wire(finished["stats"]).generated_tokens > 0
+    assert engine_process.close() == 0
+
+
+def test_a_model_of_the_other_engine_is_refused_by_name(
+    engine_process: EngineProcess, smollm_path: Path, tiny_mlx_main: Path
+) -> None:
+    engine_process.send(load_command(LoadRequest(str(smollm_path), engine="mlx")))
+    error = engine_process.until("error", "loaded")[-1]
+    assert error["type"] == "error"
+    assert error["message"].startswith(f"{smollm_path.name} is a GGUF model; the mlx engine")
+    engine_process.send(load_command(LoadRequest(str(tiny_mlx_main))))
+    error = engine_process.until("error", "loaded")[-1]
+    assert "is an MLX model; the llama.cpp engine reads GGUF models" in error["message"]

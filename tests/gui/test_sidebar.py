@@ -523,19 +523,30 @@ def test_mlx_is_offered_only_when_installed(
     assert engines.currentData() == "llama.cpp"
 
 
-def test_choosing_mlx_goes_into_the_request(
+def test_choosing_mlx_lists_only_mlx_folders_and_goes_into_the_request(
     qtbot: QtBot,
     settings: AppSettings,
     real_scan: CatalogScan,
+    tiny_mlx_main: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(sidebar_module, "mlx_available", lambda: True)
+    mlx_scan = scan_models([tiny_mlx_main.parent])
+    assert [info.format for info in mlx_scan.models] == ["mlx"]
     widget = Sidebar(settings)
     qtbot.addWidget(widget)
-    widget.set_catalog(real_scan)
+    widget.set_catalog(CatalogScan(real_scan.models + mlx_scan.models, ()))
+    main_picker = combo(widget, "mainPicker")
+    gguf_count = main_picker.count()
+    assert gguf_count == len(real_scan.models)
     pick(combo(widget, "enginePicker"), "mlx")
     assert settings.get("engine") == "mlx"
-    assert widget.load_request().engine == "mlx"
+    assert main_picker.count() == 1
+    request = widget.load_request()
+    assert request.engine == "mlx"
+    assert request.main_path == str(tiny_mlx_main)
+    pick(combo(widget, "enginePicker"), "llama.cpp")
+    assert main_picker.count() == gguf_count
 
 
 def test_a_pending_system_prompt_is_saved_on_hide(sidebar: Sidebar, settings: AppSettings) -> None:

@@ -1,0 +1,416 @@
+"""The MLX engine: an mlx-lm model folder behind the ModelEngine interface."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+import jinja2.sandbox
+import numpy as np
+
+from backends.catalog import MLX_TOKENIZER_FILE, read_mlx_model_info
+from backends.engine import LoadReport, LogitRows, VocabFacts
+from backends.errors import ContextOverflowError, EngineError, ModelFileError, SettingsError
+from backends.hardware import physical_cores
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from backends.engine import ChatMessage
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT_SIZE = 4096
+# Prompts are evaluated in chunks this long: the cache of earlier chunks is computed without
+# their logits (MLX is lazy), which bounds the memory of a long prompt.
+PREFILL_CHUNK = 512
+_PROBE_MAX_BATCH = 17  # batch sizes probed for exactness: 2 .. this (a 16-token lookup + 1)
+_FLOAT32_NOTE = "CPU: float32 activations (MLX's quantized matmuls are ~30x slower in float16)"
+_UNIFIED_MEMORY_NOTE = "unified memory: the weights and KV cache live in memory the GPU shares"
+# Fallback when a folder has no chat template: ChatML, which most instruct models use.
+_CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Special tokens that end a turn, as llama.cpp's vocabulary loader marks them (EOG).
+END_OF_GENERATION_TEXTS = frozenset(
+    {
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|eom_id|>",
+        "<EOT>",
+        "_<EOT>",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+        "<|fim_pad|>",
+        "<|repo_name|>",
+        "<|file_sep|>",
+    }
+)
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-to-printable-character map, inverted (byte-level BPE token texts)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    codes = list(printable)
+    shifted = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + shifted)
+            shifted += 1
+    return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
+
+
+class MlxEngine:
+    """An MLX model folder loaded with mlx-lm, with one KV cache."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int = DEFAULT_CONTEXT_SIZE,
+        is_draft: bool = False,
+        progress: Callable[[float], None] | None = None,
+        probe_exact_batch: bool = True,
+    ) -> None:
+        if n_ctx < 0:
+            raise SettingsError(f"context size must be >= 0, got {n_ctx}")
+        self.path = Path(path)
+        self.info = read_mlx_model_info(self.path)  # clear errors for missing/broken folders
+        started = time.perf_counter()
+        import mlx.core as mx
+        from mlx.utils import tree_map
+        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.utils import load_model
+
+        self._mx = mx
+        self._make_cache = make_prompt_cache
+        if progress is not None:
+            progress(0.0)
+        try:
+            model, config = load_model(self.path)
+        except (ValueError, KeyError, FileNotFoundError, RuntimeError, OSError) as error:
+            detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise ModelFileError(f"cannot load MLX model {self.path.name}: {detail}") from None
+        self._model: Any = model
+        self._config: dict[str, Any] = config
+        on_metal = bool(mx.metal.is_available())
+        notes: list[str] = []
+        if mx.default_device() == mx.cpu:
+            # Quantized matmuls on the CPU run ~30x faster with float32 activations.
+            model.update(
+                tree_map(
+                    lambda p: p.astype(mx.float32) if mx.issubdtype(p.dtype, mx.floating) else p,
+                    model.parameters(),
+                )
+            )
+            mx.eval(model.parameters())
+            notes.append(_FLOAT32_NOTE)
+        if on_metal:
+            notes.append(_UNIFIED_MEMORY_NOTE)
+        if progress is not None:
+            progress(0.8)
+        self._cache: list[Any] = make_prompt_cache(model)
+        self._tokens: list[int] = []
+        self._decode_seconds = 0.0
+        self._closed = False
+
+        n_layers = len(getattr(model, "layers", ())) or self.info.n_layers or 0
+        train_ctx = self.info.context_length or 0
+        self._n_ctx = n_ctx or train_ctx or DEFAULT_CONTEXT_SIZE
+        if train_ctx > 0:
+            self._n_ctx = min(self._n_ctx, train_ctx)
+        backend = "MLX (Metal)" if on_metal else f"MLX ({_device_name(mx)})"
+        on_gpu = mx.default_device() != mx.cpu
+        self._load_report = LoadReport(
+            model_name=self.info.name,
+            backend=backend,
+            n_layers=n_layers,
+            gpu_layers=n_layers if on_gpu else 0,
+            kv_cache_on_gpu=on_gpu,
+            n_ctx=self._n_ctx,
+            n_threads=physical_cores(),
+            load_seconds=time.perf_counter() - started,
+            notes=tuple(notes),
+        )
+        self._load_tokenizer()
+        self._n_vocab = int(self._output_width())
+        self._vocab_facts = self._read_vocab_facts()
+        self._template = self._compile_chat_template()
+        self._exact_batch_limit: int | None = None
+        if probe_exact_batch and not is_draft:
+            self._exact_batch_limit = self._probe_exact_batch_limit()
+        if progress is not None:
+            progress(1.0)
+        log.info("loaded %s: %s", self.info.name, self._load_report.placement)
+
+    # -- facts -----------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The model's display name."""
+        return self.info.name
+
+    @property
+    def vocab(self) -> VocabFacts:
+        """Tokenizer facts."""
+        return self._vocab_facts
+
+    @property
+    def n_ctx(self) -> int:
+        """Context size in tokens."""
+        return self._n_ctx
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens in the KV cache."""
+        return self._tokens
+
+    @property
+    def load_report(self) -> LoadReport:
+        """Where the model went."""
+        return self._load_report
+
+    @property
+    def decode_seconds(self) -> float:
+        """Time spent in forward passes since load."""
+        return self._decode_seconds
+
+    @property
+    def exact_batch_limit(self) -> int | None:
+        """Largest batch whose logits equal single-token logits bitwise (None: not probed)."""
+        return self._exact_batch_limit
+
+    def _output_width(self) -> int:
+        probe = self._model(self._mx.array([[0]]), cache=self._make_cache(self._model))
+        return int(probe.shape[-1])
+
+    def _probe_exact_batch_limit(self) -> int:
+        """Find the largest batch size that reproduces single-token logits exactly.
+
+        Batches of different sizes can take different matmul kernels (matrix-vector for one
+        row, tiled matrix-matrix for more) whose rounding differs; a changed argmax would
+        break the promise that greedy speculative output is plain decoding.
+        """
+        text = "def probe(values):\n    return sorted(set(values))  # exactness probe\n"
+        sequence = self.tokenize(text, add_special=False, parse_special=False)
+        sequence = (sequence * (1 + _PROBE_MAX_BATCH // max(1, len(sequence))))[:_PROBE_MAX_BATCH]
+        start, body = sequence[:1], sequence[1:]
+        self.truncate(0)
+        self.evaluate(start, 1)
+        singles = [self.evaluate([token], 1)[0].copy() for token in body]
+        limit = 1
+        for size in range(2, len(body) + 1):
+            self.truncate(1)
+            rows = self.evaluate(body[:size], size)
+            if not all(np.array_equal(rows[i], singles[i]) for i in range(size)):
+                break
+            limit = size
+        self.truncate(0)
+        if limit == len(body):
+            limit = PREFILL_CHUNK  # every size probed was exact; assume all are
+        log.info("%s: batches up to %d tokens reproduce single-token logits", self.name, limit)
+        return limit
+
+    # -- text ------------------------------------------------------------------------------
+
+    def _load_tokenizer(self) -> None:
+        from tokenizers import Tokenizer
+
+        tokenizer_path = self.path / MLX_TOKENIZER_FILE
+        try:
+            self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
+            spec = json.loads(tokenizer_path.read_text(encoding="utf-8"))
+        except Exception as error:  # noqa: BLE001 - the tokenizers library raises plain Exception
+            raise ModelFileError(
+                f"cannot load the tokenizer of {self.path.name}: {str(error).splitlines()[0]}"
+            ) from None
+        self._special_ids = frozenset(
+            int(t["id"]) for t in spec.get("added_tokens") or [] if t.get("special")
+        )
+        decoder = json.dumps(spec.get("decoder") or {})
+        self._byte_level = "ByteLevel" in decoder
+        self._byte_fallback = bool((spec.get("model") or {}).get("byte_fallback"))
+        self._metaspace = "▁" in decoder or "Metaspace" in decoder
+        self._byte_map = _byte_level_decoder() if self._byte_level else {}
+        self._piece_cache: dict[int, bytes] = {}
+
+    def _read_vocab_facts(self) -> VocabFacts:
+        vocab = self.info.vocab
+        end_ids = {
+            token
+            for token in self._special_ids
+            if self._tokenizer.id_to_token(token) in END_OF_GENERATION_TEXTS
+        }
+        if vocab.eos_id is not None:
+            end_ids.add(vocab.eos_id)
+        configured = self._config.get("eos_token_id")
+        if isinstance(configured, int):
+            end_ids.add(configured)
+        elif isinstance(configured, list):
+            end_ids.update(int(i) for i in configured)
+        return VocabFacts(
+            n_vocab=self._n_vocab,
+            bos_id=vocab.bos_id,
+            eos_id=vocab.eos_id,
+            add_bos=vocab.add_bos,
+            end_of_generation_ids=frozenset(end_ids),
+        )
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Tokenize with the folder's tokenizer.json; BOS/EOS as its tokenizer_config says."""
+        tokenizer = self._tokenizer
+        tokenizer.encode_special_tokens = not parse_special
+        try:
+            ids = list(tokenizer.encode(text, add_special_tokens=False).ids)
+        finally:
+            tokenizer.encode_special_tokens = False
+        facts = self._vocab_facts
+        if add_special and facts.add_bos and facts.bos_id is not None:
+            ids.insert(0, facts.bos_id)
+        if add_special and self.info.vocab.add_eos and facts.eos_id is not None:
+            ids.append(facts.eos_id)
+        return ids
+
+    def token_bytes(self, token: int) -> bytes:
+        """One token's text as bytes (special tokens render as nothing, as in llama.cpp)."""
+        cached = self._piece_cache.get(token)
+        if cached is not None:
+            return cached
+        text = self._tokenizer.id_to_token(token)
+        if text is None or token in self._special_ids:
+            piece = b""
+        elif self._byte_level:
+            piece = bytes(self._byte_map.get(char, 0x3F) for char in text)
+        elif self._byte_fallback and len(text) == 6 and text.startswith("<0x") and text[-1] == ">":
+            piece = bytes([int(text[3:5], 16)])
+        elif self._metaspace:
+            piece = text.replace("▁", " ").encode("utf-8")
+        else:
+            piece = self._tokenizer.decode([token], skip_special_tokens=False).encode("utf-8")
+        self._piece_cache[token] = piece
+        return piece
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Token ids back to text."""
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def _token_text(self, token: int | None) -> str:
+        if token is None:
+            return ""
+        return self._tokenizer.id_to_token(token) or ""
+
+    def _compile_chat_template(self) -> jinja2.Template:
+        source = self.info.chat_template or _CHATML_TEMPLATE
+        environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined
+        )
+
+        def raise_exception(message: str) -> None:
+            raise jinja2.TemplateError(message)
+
+        environment.globals["raise_exception"] = raise_exception
+        try:
+            return environment.from_string(source)
+        except jinja2.TemplateError as error:
+            log.warning("chat template of %s does not compile (%s); using ChatML", self.name, error)
+            return environment.from_string(_CHATML_TEMPLATE)
+
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
+        """Render the model's own chat template for the next assistant turn."""
+        try:
+            return self._template.render(
+                messages=[{"role": m.role, "content": m.content} for m in messages],
+                add_generation_prompt=True,
+                bos_token=self._token_text(self.vocab.bos_id),
+                eos_token=self._token_text(self.vocab.eos_id),
+            )
+        except jinja2.TemplateError as error:
+            raise SettingsError(f"the chat template of {self.name} failed: {error}") from error
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def evaluate(self, tokens: Sequence[int], logit_rows: int) -> LogitRows:
+        """Run ``tokens`` after the cache; float32 logits of the last ``logit_rows`` tokens."""
+        count = len(tokens)
+        if not 1 <= logit_rows <= min(count, PREFILL_CHUNK):
+            raise ValueError(f"logit_rows={logit_rows} for {count} tokens (chunk {PREFILL_CHUNK})")
+        position = len(self._tokens)
+        if position + count > self._n_ctx:
+            raise ContextOverflowError(
+                f"{position + count} tokens do not fit the context of {self._n_ctx} tokens"
+            )
+        mx = self._mx
+        began = time.perf_counter()
+        try:
+            # The last chunk holds all the rows asked for; earlier ones only fill the cache.
+            split = max(0, count - PREFILL_CHUNK)
+            for start in range(0, split, PREFILL_CHUNK):
+                chunk = list(tokens[start : min(split, start + PREFILL_CHUNK)])
+                self._model(mx.array([chunk]), cache=self._cache)
+                mx.eval([entry.state for entry in self._cache])
+                self._tokens.extend(chunk)
+            tail = list(tokens[split:])
+            logits = self._model(mx.array([tail]), cache=self._cache)
+            rows = logits[0, len(tail) - logit_rows :].astype(mx.float32)
+            mx.eval(rows)
+            result = np.array(rows, copy=True)
+        except (RuntimeError, ValueError) as error:
+            self._reset_cache()
+            raise EngineError(f"{self.name}: evaluation failed: {error}") from error
+        finally:
+            self._decode_seconds += time.perf_counter() - began
+        self._tokens.extend(tail)
+        return result
+
+    def truncate(self, n_tokens: int) -> None:
+        """Drop cached tokens from position ``n_tokens`` on."""
+        if n_tokens >= len(self._tokens):
+            return
+        n_tokens = max(0, n_tokens)
+        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+        if n_tokens == 0 or not can_trim_prompt_cache(self._cache):
+            # Recurrent or rotating caches cannot drop a partial sequence: start over.
+            self._reset_cache()
+            return
+        trim_prompt_cache(self._cache, len(self._tokens) - n_tokens)
+        del self._tokens[n_tokens:]
+
+    def _reset_cache(self) -> None:
+        self._cache = self._make_cache(self._model)
+        del self._tokens[:]
+
+    def close(self) -> None:
+        """Drop the model and its cache (safe to call twice)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._cache = []
+        self._model = None
+        del self._tokens[:]
+
+    def __enter__(self) -> MlxEngine:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _device_name(mx: Any) -> str:
+    device = mx.default_device()
+    return "CPU" if device == mx.cpu else "CUDA"
