@@ -61,8 +61,7 @@ class BenchResult:
     @property
     def speedup(self) -> float | None:
         """Speculative tok/s over plain tok/s."""
-        base = self.baseline.stats.tokens_per_second
-        return self.speculative.stats.tokens_per_second / base if base > 0 else None
+        return self.speculative.stats.speedup_over(self.baseline.stats)
 
     @property
     def identical(self) -> bool | None:
@@ -342,8 +341,7 @@ class SuiteRow:
     @property
     def speedup(self) -> float | None:
         """Tok/s of this run over plain decoding's on the same prompt."""
-        base = self.baseline.stats.tokens_per_second
-        return self.result.stats.tokens_per_second / base if base > 0 else None
+        return self.result.stats.speedup_over(self.baseline.stats)
 
     @property
     def identical(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -10,6 +11,8 @@ import numpy.typing as npt
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
 
 Role = Literal["system", "user", "assistant"]
 
@@ -164,3 +167,33 @@ def extend_cache(
 def sync_cache(engine: ModelEngine, context: Sequence[int], logit_rows: int = 1) -> LogitRows:
     """Make the engine's cache hold exactly ``context`` and return the last logit rows."""
     return extend_cache(engine, context, logit_rows)[0]
+
+
+def probe_exact_batch_limit(engine: ModelEngine, probe_size: int, all_exact_limit: int) -> int:
+    """The largest batch whose logits equal single-token logits bitwise, measured.
+
+    Different batch sizes can take different kernels (repacked or tiled matmuls,
+    flash-attention tiles, matrix-vector vs matrix-matrix) whose rounding differs; a changed
+    argmax would break the promise that greedy speculative output is plain decoding. Sizes
+    2 .. ``probe_size`` are tried; when all are exact, ``all_exact_limit`` is assumed.
+    Leaves the cache empty. Costs a few dozen tokens.
+    """
+    text = "def probe(values):\n    return sorted(set(values))  # exactness probe\n"
+    sequence = engine.tokenize(text, add_special=False, parse_special=False)
+    sequence = (sequence * (1 + probe_size // max(1, len(sequence))))[:probe_size]
+    start, body = sequence[:1], sequence[1:]
+    engine.truncate(0)
+    engine.evaluate(start, 1)
+    singles = [engine.evaluate([token], 1)[0].copy() for token in body]
+    limit = 1
+    for size in range(2, len(body) + 1):
+        engine.truncate(1)
+        rows = engine.evaluate(body[:size], size)
+        if not all(np.array_equal(rows[i], singles[i]) for i in range(size)):
+            break
+        limit = size
+    engine.truncate(0)
+    if limit == len(body):
+        limit = all_exact_limit
+    log.info("%s: batches up to %d tokens reproduce single-token logits", engine.name, limit)
+    return limit

@@ -298,11 +298,7 @@ class EngineServer:
             results[run] = self._stream(request.request_id, run, decoder, prompt, request)
         if request.compare and len(results) == 2:
             plain, spec = results["plain"].stats, results["speculative"].stats
-            speedup = (
-                spec.tokens_per_second / plain.tokens_per_second
-                if plain.tokens_per_second > 0
-                else None
-            )
+            speedup = spec.speedup_over(plain)
             identical = (
                 results["plain"].token_ids == results["speculative"].token_ids
                 if settings.sampling.greedy

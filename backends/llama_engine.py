@@ -10,11 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import jinja2
-import jinja2.sandbox
 import numpy as np
 
-from backends.engine import ChatMessage, LoadReport, LogitRows, VocabFacts
+from backends.chat_template import ChatTemplate
+from backends.engine import ChatMessage, LoadReport, LogitRows, VocabFacts, probe_exact_batch_limit
 from backends.errors import ContextOverflowError, EngineError, ModelFileError, SettingsError
 from backends.gguf_info import read_model_info
 from backends.hardware import llama_build_info, load_ggml_backends, physical_cores
@@ -27,11 +26,6 @@ DEFAULT_BATCH_SIZE = 512
 ALL_LAYERS = -1
 _TOKEN_PIECE_BUFFER = 256
 _PROBE_MAX_BATCH = 12  # batch sizes probed for exactness: 2 .. this
-# Fallback when a GGUF carries no chat template: ChatML, which most instruct models use.
-_CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 # enum ggml_log_level
 _GGML_LOG_DEBUG = 1
@@ -227,10 +221,10 @@ class LlamaEngine:
             load_seconds=time.perf_counter() - started,
         )
         self._vocab_facts = self._read_vocab_facts()
-        self._template = self._compile_chat_template()
+        self._template = ChatTemplate(self.info.chat_template, self.info.name)
         self._exact_batch_limit: int | None = None
         if self.settings.probe_exact_batch and not is_draft:
-            self._exact_batch_limit = self._probe_exact_batch_limit()
+            self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, self._n_batch)
         log.info("loaded %s: %s", self.info.name, self._load_report.placement)
 
     # -- facts -----------------------------------------------------------------------------
@@ -269,34 +263,6 @@ class LlamaEngine:
     def exact_batch_limit(self) -> int | None:
         """Largest batch whose logits equal single-token logits bitwise (None: not probed)."""
         return self._exact_batch_limit
-
-    def _probe_exact_batch_limit(self) -> int:
-        """Find the largest batch size that reproduces single-token logits exactly.
-
-        Different batch sizes can take different kernels (repacked or tiled matmuls,
-        flash-attention tiles) whose rounding differs; a changed argmax would break the
-        promise that greedy speculative output is plain decoding. Costs a few dozen tokens.
-        """
-        text = "def probe(values):\n    return sorted(set(values))  # exactness probe\n"
-        sequence = self.tokenize(text, add_special=False, parse_special=False)
-        sequence = (sequence * (1 + _PROBE_MAX_BATCH // max(1, len(sequence))))[:_PROBE_MAX_BATCH]
-        start = sequence[:1]
-        body = sequence[1:]
-        self.truncate(0)
-        self.evaluate(start, 1)
-        singles = [self.evaluate([token], 1)[0].copy() for token in body]
-        limit = 1
-        for size in range(2, len(body) + 1):
-            self.truncate(1)
-            rows = self.evaluate(body[:size], size)
-            if not all(np.array_equal(rows[i], singles[i]) for i in range(size)):
-                break
-            limit = size
-        self.truncate(0)
-        if limit == len(body):
-            limit = self._n_batch  # every size probed was exact; assume all are
-        log.info("%s: batches up to %d tokens reproduce single-token logits", self.name, limit)
-        return limit
 
     def _read_vocab_facts(self) -> VocabFacts:
         llama = self._llama
@@ -357,33 +323,11 @@ class LlamaEngine:
         text = self._llama.llama_vocab_get_text(self._vocab, token)
         return text.decode("utf-8", errors="replace") if text else ""
 
-    def _compile_chat_template(self) -> jinja2.Template:
-        source = self.info.chat_template or _CHATML_TEMPLATE
-        environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined
-        )
-
-        def raise_exception(message: str) -> None:
-            raise jinja2.TemplateError(message)
-
-        environment.globals["raise_exception"] = raise_exception
-        try:
-            return environment.from_string(source)
-        except jinja2.TemplateError as error:
-            log.warning("chat template of %s does not compile (%s); using ChatML", self.name, error)
-            return environment.from_string(_CHATML_TEMPLATE)
-
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
         """Render the model's own chat template for the next assistant turn."""
-        try:
-            return self._template.render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
-                add_generation_prompt=True,
-                bos_token=self._token_text(self.vocab.bos_id),
-                eos_token=self._token_text(self.vocab.eos_id),
-            )
-        except jinja2.TemplateError as error:
-            raise SettingsError(f"the chat template of {self.name} failed: {error}") from error
+        return self._template.render(
+            messages, self._token_text(self.vocab.bos_id), self._token_text(self.vocab.eos_id)
+        )
 
     # -- evaluation ------------------------------------------------------------------------
 

@@ -8,12 +8,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-import jinja2.sandbox
 import numpy as np
 
 from backends.catalog import MLX_TOKENIZER_FILE, read_mlx_model_info
-from backends.engine import LoadReport, LogitRows, VocabFacts
+from backends.chat_template import ChatTemplate
+from backends.engine import LoadReport, LogitRows, VocabFacts, probe_exact_batch_limit
 from backends.errors import ContextOverflowError, EngineError, ModelFileError, SettingsError
 from backends.hardware import physical_cores
 
@@ -31,11 +30,6 @@ PREFILL_CHUNK = 512
 _PROBE_MAX_BATCH = 17  # batch sizes probed for exactness: 2 .. this (a 16-token lookup + 1)
 _FLOAT32_NOTE = "CPU: float32 activations (MLX's quantized matmuls are ~30x slower in float16)"
 _UNIFIED_MEMORY_NOTE = "unified memory: the weights and KV cache live in memory the GPU shares"
-# Fallback when a folder has no chat template: ChatML, which most instruct models use.
-_CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 # Special tokens that end a turn, as llama.cpp's vocabulary loader marks them (EOG).
 END_OF_GENERATION_TEXTS = frozenset(
     {
@@ -150,10 +144,10 @@ class MlxEngine:
         self._load_tokenizer()
         self._n_vocab = int(self._output_width())
         self._vocab_facts = self._read_vocab_facts()
-        self._template = self._compile_chat_template()
+        self._template = ChatTemplate(self.info.chat_template, self.info.name)
         self._exact_batch_limit: int | None = None
         if probe_exact_batch and not is_draft:
-            self._exact_batch_limit = self._probe_exact_batch_limit()
+            self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, PREFILL_CHUNK)
         if progress is not None:
             progress(1.0)
         log.info("loaded %s: %s", self.info.name, self._load_report.placement)
@@ -198,33 +192,6 @@ class MlxEngine:
     def _output_width(self) -> int:
         probe = self._model(self._mx.array([[0]]), cache=self._make_cache(self._model))
         return int(probe.shape[-1])
-
-    def _probe_exact_batch_limit(self) -> int:
-        """Find the largest batch size that reproduces single-token logits exactly.
-
-        Batches of different sizes can take different matmul kernels (matrix-vector for one
-        row, tiled matrix-matrix for more) whose rounding differs; a changed argmax would
-        break the promise that greedy speculative output is plain decoding.
-        """
-        text = "def probe(values):\n    return sorted(set(values))  # exactness probe\n"
-        sequence = self.tokenize(text, add_special=False, parse_special=False)
-        sequence = (sequence * (1 + _PROBE_MAX_BATCH // max(1, len(sequence))))[:_PROBE_MAX_BATCH]
-        start, body = sequence[:1], sequence[1:]
-        self.truncate(0)
-        self.evaluate(start, 1)
-        singles = [self.evaluate([token], 1)[0].copy() for token in body]
-        limit = 1
-        for size in range(2, len(body) + 1):
-            self.truncate(1)
-            rows = self.evaluate(body[:size], size)
-            if not all(np.array_equal(rows[i], singles[i]) for i in range(size)):
-                break
-            limit = size
-        self.truncate(0)
-        if limit == len(body):
-            limit = PREFILL_CHUNK  # every size probed was exact; assume all are
-        log.info("%s: batches up to %d tokens reproduce single-token logits", self.name, limit)
-        return limit
 
     # -- text ------------------------------------------------------------------------------
 
@@ -314,33 +281,11 @@ class MlxEngine:
             return ""
         return self._tokenizer.id_to_token(token) or ""
 
-    def _compile_chat_template(self) -> jinja2.Template:
-        source = self.info.chat_template or _CHATML_TEMPLATE
-        environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined
-        )
-
-        def raise_exception(message: str) -> None:
-            raise jinja2.TemplateError(message)
-
-        environment.globals["raise_exception"] = raise_exception
-        try:
-            return environment.from_string(source)
-        except jinja2.TemplateError as error:
-            log.warning("chat template of %s does not compile (%s); using ChatML", self.name, error)
-            return environment.from_string(_CHATML_TEMPLATE)
-
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
         """Render the model's own chat template for the next assistant turn."""
-        try:
-            return self._template.render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
-                add_generation_prompt=True,
-                bos_token=self._token_text(self.vocab.bos_id),
-                eos_token=self._token_text(self.vocab.eos_id),
-            )
-        except jinja2.TemplateError as error:
-            raise SettingsError(f"the chat template of {self.name} failed: {error}") from error
+        return self._template.render(
+            messages, self._token_text(self.vocab.bos_id), self._token_text(self.vocab.eos_id)
+        )
 
     # -- evaluation ------------------------------------------------------------------------
 

@@ -158,6 +158,11 @@ class SpeculationStats:
             return 0.0
         return (self.generated_tokens - 1) / self.generation_seconds
 
+    def speedup_over(self, baseline: SpeculationStats) -> float | None:
+        """Tokens per second relative to ``baseline`` (None when the baseline has no speed)."""
+        base = baseline.tokens_per_second
+        return self.tokens_per_second / base if base > 0 else None
+
     @property
     def acceptance_by_position(self) -> list[float | None]:
         """For each draft position, the share of drafts reaching it whose token there was kept."""

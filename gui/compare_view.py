@@ -50,14 +50,6 @@ BANNER_POINT_SCALE = 1.25
 SMALL_POINT_SCALE = 0.9
 
 
-def speedup_for(spec: SpeculationStats, plain: SpeculationStats) -> float | None:
-    """How many times faster the speculative run generated (None when plain has no speed)."""
-    plain_speed = plain.tokens_per_second
-    if plain_speed <= 0.0:
-        return None
-    return spec.tokens_per_second / plain_speed
-
-
 def speedup_banner_text(speedup: float) -> str:
     """``"1.42× faster with speculation"`` or ``"0.91×: speculation was slower here"``."""
     if speedup >= 1.0:

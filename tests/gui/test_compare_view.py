@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QApplication, QLabel, QToolTip
 
 from backends.speculative import EmittedToken, SpeculationStats, TokenOrigin
 from gui.answer_text import CODE_PADDING, AnswerBrowser, is_code_line
-from gui.compare_view import CompareView, speedup_for
+from gui.compare_view import CompareView
 from gui.style import BAD, CODE_BACKGROUND, DRAFT_TOOLTIP, GOOD, WARN
 
 if TYPE_CHECKING:
@@ -204,8 +204,8 @@ def test_finish_run_shows_final_speed_tokens_and_time(view: CompareView) -> None
 def test_speedup_for_is_the_ratio_of_speeds() -> None:
     spec = stats(101, 2.0)
     plain = stats(101, 4.0)
-    assert speedup_for(spec, plain) == pytest.approx(2.0)
-    assert speedup_for(spec, SpeculationStats()) is None
+    assert spec.speedup_over(plain) == pytest.approx(2.0)
+    assert spec.speedup_over(SpeculationStats()) is None
 
 
 def banner_style(view: CompareView) -> str:
