@@ -84,15 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--main",
         type=Path,
-        help="main (target) model: a GGUF file, or an MLX folder with --engine mlx",
+        help="main (target) model: a GGUF file, or with --engine mlx also an MLX folder",
     )
     parser.add_argument("--draft", type=Path, help="draft model (same kind as --main)")
     parser.add_argument(
         "--engine",
         choices=ENGINE_KINDS,
         default="llama.cpp",
-        help="inference engine (default: llama.cpp); mlx runs MLX model folders, and imports "
-        "the default pair from its GGUF files on first use",
+        help="inference engine (default: llama.cpp); mlx runs MLX model folders and imports "
+        "a GGUF file (given, or the default pair) into one on first use",
     )
     parser.add_argument(
         "--method",
@@ -209,30 +209,30 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def _model_paths(args: argparse.Namespace) -> tuple[Path, Path]:
-    if args.main is not None and args.draft is not None:
-        return args.main, args.draft
-    from backends.provision import (
-        DEFAULT_DRAFT_KEY,
-        DEFAULT_MAIN_KEY,
-        TextProgressBar,
-        ensure_model,
-    )
+    main, draft = args.main, args.draft
+    if main is None or draft is None:
+        from backends.provision import (
+            DEFAULT_DRAFT_KEY,
+            DEFAULT_MAIN_KEY,
+            TextProgressBar,
+            ensure_model,
+        )
 
-    progress = TextProgressBar(sys.stderr)
-    try:
-        main = args.main or ensure_model(DEFAULT_MAIN_KEY, progress)
-        draft = args.draft or ensure_model(DEFAULT_DRAFT_KEY, progress)
-    finally:
-        progress.finish()
+        progress = TextProgressBar(sys.stderr)
+        try:
+            main = main or ensure_model(DEFAULT_MAIN_KEY, progress)
+            draft = draft or ensure_model(DEFAULT_DRAFT_KEY, progress)
+        finally:
+            progress.finish()
     if args.engine == "mlx":
         main, draft = (_mlx_folder(path) for path in (main, draft))
     return main, draft
 
 
 def _mlx_folder(path: Path) -> Path:
-    """An MLX folder as is; a GGUF file's MLX import, made on first use (with a progress bar)."""
-    if path.is_dir():
-        return path
+    """A GGUF file's MLX import, made on first use (with a progress bar); anything else as is."""
+    if not (path.is_file() and path.suffix.lower() == ".gguf"):
+        return path  # an MLX folder, or a path the engine will name as missing or broken
     from backends.gguf_to_mlx import ImportProgressBar, ensure_mlx_import
 
     return ensure_mlx_import(path, ImportProgressBar(sys.stderr, path.stem))

@@ -49,6 +49,8 @@ class LoadReport:
     n_threads: int
     load_seconds: float
     notes: tuple[str, ...] = field(default=())
+    # Apple Silicon: the GPU works in the memory the CPU shares, so "on GPU" costs no copy.
+    unified_memory: bool = False
 
     @property
     def placement(self) -> str:
@@ -57,7 +59,8 @@ class LoadReport:
             return f"{self.backend}: all {self.n_layers} layers on CPU ({self.n_threads} threads)"
         where = "all" if self.gpu_layers >= self.n_layers else f"{self.gpu_layers}/"
         kv = "KV cache on GPU" if self.kv_cache_on_gpu else "KV cache on CPU"
-        return f"{self.backend}: {where} {self.n_layers} layers on GPU, {kv}"
+        shared = " (unified memory)" if self.unified_memory else ""
+        return f"{self.backend}: {where} {self.n_layers} layers on GPU, {kv}{shared}"
 
 
 LogitRows = npt.NDArray[np.float32]

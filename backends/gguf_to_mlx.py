@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import re
 import shutil
 import time
@@ -100,6 +101,17 @@ class ImportProgress:
     message: str = ""
 
 
+def _remove_abandoned_imports(target: Path) -> None:
+    """Delete staging folders of ``target`` left by imports whose process is gone."""
+    import psutil
+
+    for staging in target.parent.glob(f"{STAGING_PREFIX}{target.name}.*"):
+        owner = staging.name.rsplit(".", 1)[-1]
+        if owner.isdigit() and not psutil.pid_exists(int(owner)):
+            log.info("removing %s, left by an interrupted import", staging)
+            shutil.rmtree(staging, ignore_errors=True)
+
+
 def mlx_folder_for(gguf_path: Path, models_folder: Path | None = None) -> Path:
     """Where the MLX import of ``gguf_path`` goes: ``<models dir>/mlx/<GGUF file stem>``."""
     return (models_folder or models_dir()) / MLX_SUBFOLDER / gguf_path.stem
@@ -132,7 +144,10 @@ def import_gguf(
             raise SettingsError(f"'{target}' exists already; remove it or choose another --out")
         shutil.rmtree(target)
     report = progress or (lambda _event: None)
-    staging = target.parent / f"{STAGING_PREFIX}{target.name}"
+    _remove_abandoned_imports(target)
+    # One staging folder per process: two imports of one model (the window and a bench
+    # run, say) must not write into each other's files.
+    staging = target.parent / f"{STAGING_PREFIX}{target.name}.{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     hf_folder, mlx_folder = staging / "hf", staging / "mlx"
     hf_folder.mkdir(parents=True)
@@ -174,7 +189,12 @@ def import_gguf(
         # mlx-lm re-saves the tokenizer through transformers; keep ours, byte for byte.
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copyfile(hf_folder / name, mlx_folder / name)
-        mlx_folder.rename(target)
+        try:
+            mlx_folder.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            log.info("%s was imported meanwhile by another process; keeping that one", target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     seconds = time.perf_counter() - started

@@ -219,6 +219,7 @@ class LlamaEngine:
             n_ctx=self._n_ctx,
             n_threads=threads,
             load_seconds=time.perf_counter() - started,
+            unified_memory=build.backend == "Metal",
         )
         self._vocab_facts = self._read_vocab_facts()
         self._template = ChatTemplate(self.info.chat_template, self.info.name)

@@ -24,12 +24,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_SIZE = 4096
-# Prompts are evaluated in chunks this long: the cache of earlier chunks is computed without
-# their logits (MLX is lazy), which bounds the memory of a long prompt.
+# Prompts are evaluated in chunks this long, which bounds the memory of a long prompt; only
+# the rows asked for go through the output layer.
 PREFILL_CHUNK = 512
 _PROBE_MAX_BATCH = 17  # batch sizes probed for exactness: 2 .. this (a 16-token lookup + 1)
 _FLOAT32_NOTE = "CPU: float32 activations (MLX's quantized matmuls are ~30x slower in float16)"
-_UNIFIED_MEMORY_NOTE = "unified memory: the weights and KV cache live in memory the GPU shares"
 # Special tokens that end a turn, as llama.cpp's vocabulary loader marks them (EOG).
 END_OF_GENERATION_TEXTS = frozenset(
     {
@@ -114,8 +113,6 @@ class MlxEngine:
             )
             mx.eval(model.parameters())
             notes.append(_FLOAT32_NOTE)
-        if on_metal:
-            notes.append(_UNIFIED_MEMORY_NOTE)
         if progress is not None:
             progress(0.8)
         self._cache: list[Any] = make_prompt_cache(model)
@@ -140,6 +137,7 @@ class MlxEngine:
             n_threads=physical_cores(),
             load_seconds=time.perf_counter() - started,
             notes=tuple(notes),
+            unified_memory=on_metal,
         )
         self._load_tokenizer()
         self._n_vocab = int(self._output_width())
@@ -302,16 +300,18 @@ class MlxEngine:
         mx = self._mx
         began = time.perf_counter()
         try:
-            # The last chunk holds all the rows asked for; earlier ones only fill the cache.
-            split = max(0, count - PREFILL_CHUNK)
-            for start in range(0, split, PREFILL_CHUNK):
-                chunk = list(tokens[start : min(split, start + PREFILL_CHUNK)])
+            # Tokens before the rows asked for only fill the cache, in chunks. Their logits are
+            # never built: MLX is lazy, and the output layer over a long prompt would cost as
+            # much as a third of the prompt's pass (the vocabulary is wide).
+            head = count - logit_rows
+            for start in range(0, head, PREFILL_CHUNK):
+                chunk = list(tokens[start : min(head, start + PREFILL_CHUNK)])
                 self._model(mx.array([chunk]), cache=self._cache)
                 mx.eval([entry.state for entry in self._cache])
                 self._tokens.extend(chunk)
-            tail = list(tokens[split:])
+            tail = list(tokens[head:])
             logits = self._model(mx.array([tail]), cache=self._cache)
-            rows = logits[0, len(tail) - logit_rows :].astype(mx.float32)
+            rows = logits[0].astype(mx.float32)
             mx.eval(rows)
             result = np.array(rows, copy=True)
         except (RuntimeError, ValueError) as error:

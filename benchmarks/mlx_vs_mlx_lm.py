@@ -1,9 +1,24 @@
 """Our speculative loop on the MLX engine against mlx-lm's own stream_generate(draft_model=...).
 
 Same folders, same prompt tokens, same fixed draft length k, float32 activations on the CPU
-for both. Reports tok/s (after the first token) of plain and speculative decoding for both,
-and, at a temperature > 0, the acceptance of rejection sampling against sample-and-match
-(mlx-lm's verification; our loop can verify either way) and mlx-lm's share of drafted output.
+for both. Both read the prompt with both models once, at different moments: mlx-lm reads it
+with the draft and the main model before its first token; our loop answers the first token
+from the main model alone and lets the draft read the prompt in the next round. So each run
+is reported three ways, measured the same way for both sides:
+
+- ``end_to_end_tok_s``: generated tokens / seconds from the call to the last token (all the
+  work, both prompt reads included: the figure a user waits for);
+- ``ttft_s``: seconds to the first token;
+- ``steady_tok_s``: tokens after the first two rounds / the seconds they took (decoding
+  with both models caught up; no prompt reading on either side).
+
+``ours_auto`` is SpecDeck's default method on the same pair: the planner picks the draft
+model, an n-gram lookup or plain decoding each round from measured costs (calibrated before
+the run, as the app does at load).
+
+At a temperature > 0 it also reports the acceptance of rejection sampling against
+sample-and-match (mlx-lm's verification; our loop can verify either way) and mlx-lm's share
+of drafted output.
 
     .venv/bin/python benchmarks/mlx_vs_mlx_lm.py --main DIR --draft DIR [--max-tokens 64]
 """
@@ -17,27 +32,48 @@ from pathlib import Path
 from typing import Any
 
 from backends.engine import ChatMessage
+from backends.methods import build_decoder
 from backends.mlx_engine import MlxEngine
 from backends.sampling import SamplingSettings
 from backends.speculative import DraftModelDrafter, GenerationSettings, SpeculativeDecoder
 
 DEFAULT_PROMPT = "Write a quicksort function in Python."
+STEADY_AFTER_ROUNDS = 2  # rounds left out of the steady rate (prompt reads, first draft)
+
+
+def timing(started: float, rounds: list[tuple[float, int]]) -> dict[str, float]:
+    """The three speeds of one run from (time, tokens) at the end of each round."""
+    tokens = sum(count for _, count in rounds)
+    total = rounds[-1][0] - started
+    steady_from = rounds[STEADY_AFTER_ROUNDS - 1][0] if len(rounds) > STEADY_AFTER_ROUNDS else 0
+    steady_tokens = sum(count for _, count in rounds[STEADY_AFTER_ROUNDS:])
+    steady_seconds = rounds[-1][0] - steady_from
+    return {
+        "tokens": tokens,
+        "ttft_s": rounds[0][0] - started,
+        "total_s": total,
+        "end_to_end_tok_s": tokens / total,
+        "steady_tok_s": steady_tokens / steady_seconds if steady_tokens else 0.0,
+    }
 
 
 def mlx_lm_run(
     model: Any, draft: Any, tokenizer: Any, prompt: list[int], args: argparse.Namespace, temp: float
-) -> dict[str, float]:
-    """One mlx-lm generation; tok/s after the first token and the share of drafted tokens."""
+) -> dict[str, Any]:
+    """One mlx-lm generation: its speeds and the share of drafted tokens."""
     import mlx.core as mx
     from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
     mx.random.seed(args.seed)
-    times: list[float] = []
+    rounds: list[tuple[float, int]] = []
+    in_round = 0
     drafted = 0
     kwargs: dict[str, Any] = {}
     if draft is not None:
         kwargs = {"draft_model": draft, "num_draft_tokens": args.draft_max}
+    started = time.perf_counter()
+    ids: list[int] = []
     for response in stream_generate(
         model,
         tokenizer,
@@ -46,11 +82,23 @@ def mlx_lm_run(
         sampler=make_sampler(temp=temp),
         **kwargs,
     ):
-        times.append(time.perf_counter())
-        drafted += int(bool(getattr(response, "from_draft", False)))
-    generated = len(times)
-    speed = (generated - 1) / (times[-1] - times[0]) if generated > 1 else 0.0
-    return {"tokens": generated, "tok_s": speed, "draft_share": drafted / max(1, generated)}
+        from_draft = bool(getattr(response, "from_draft", False))
+        if response.finish_reason == "stop":  # the end-of-generation token: not text
+            rounds.append((time.perf_counter(), in_round))
+            in_round = 0
+            break
+        drafted += int(from_draft)
+        ids.append(int(response.token))
+        in_round += 1
+        if not from_draft:  # every round ends with one token of the main model's own
+            rounds.append((time.perf_counter(), in_round))
+            in_round = 0
+    if in_round:
+        rounds.append((time.perf_counter(), in_round))
+    result: dict[str, Any] = timing(started, rounds)
+    result["draft_share"] = drafted / max(1, result["tokens"])
+    result["ids"] = ids
+    return result
 
 
 def to_float32(model: Any) -> None:
@@ -86,9 +134,13 @@ def main() -> None:
     draft_engine = MlxEngine(args.draft, is_draft=True)
     decoder = SpeculativeDecoder(main_engine, DraftModelDrafter(draft_engine, p_min=0.0))
     plain = SpeculativeDecoder(main_engine)
+    auto = build_decoder("auto", main_engine, draft_engine)
+    auto.prepare()
     prompt = plain.prompt_tokens([ChatMessage("user", args.prompt)])
 
-    def ours(spec: bool, temp: float, verification: str, seed: int) -> dict[str, Any]:
+    def ours(
+        decoding: SpeculativeDecoder, temp: float, verification: str, seed: int
+    ) -> dict[str, Any]:
         main_engine.truncate(0)
         draft_engine.truncate(0)
         settings = GenerationSettings(
@@ -98,21 +150,28 @@ def main() -> None:
             p_min=0.0,
             verification=verification,  # type: ignore[arg-type]
         )
-        result = (decoder if spec else plain).run(prompt, settings)
-        stats = result.stats
-        return {
-            "tokens": stats.generated_tokens,
-            "tok_s": stats.tokens_per_second,
-            "acceptance": stats.acceptance_rate,
-            "draft_share": stats.accepted_draft_tokens_count / max(1, stats.generated_tokens),
-            "ids": result.token_ids,
-        }
+        rounds: list[tuple[float, int]] = []
+        ids: list[int] = []
+        started = time.perf_counter()
+        stats = None
+        for update in decoding.generate(prompt, settings):
+            if update.tokens or not update.finished:
+                rounds.append((time.perf_counter(), len(update.tokens)))
+            ids.extend(token.token_id for token in update.tokens)
+            stats = update.stats
+        assert stats is not None
+        result: dict[str, Any] = timing(started, rounds)
+        result["acceptance"] = stats.acceptance_rate
+        result["rounds_by_method"] = stats.rounds_by_method
+        result["draft_share"] = stats.accepted_draft_tokens_count / max(1, stats.generated_tokens)
+        result["ids"] = ids
+        return result
 
     model, tokenizer = load(str(args.main))[:2]
     draft_model = load(str(args.draft))[0]
     to_float32(model)
     to_float32(draft_model)
-    ours(True, 0.0, "rejection", 0)  # warm-up
+    ours(decoder, 0.0, "rejection", 0)  # warm-up
     mlx_lm_run(model, draft_model, tokenizer, prompt, args, 0.0)
     report: dict[str, Any] = {
         "main": main_engine.name,
@@ -121,23 +180,30 @@ def main() -> None:
         "k": args.draft_max,
         "max_tokens": args.max_tokens,
     }
-    greedy_plain = ours(False, 0.0, "rejection", 0)
-    greedy_spec = ours(True, 0.0, "rejection", 0)
-    report["ours_plain_tok_s"] = greedy_plain["tok_s"]
-    report["ours_spec_tok_s"] = greedy_spec["tok_s"]
-    report["ours_identical"] = greedy_plain["ids"] == greedy_spec["ids"]
-    report["ours_greedy_acceptance"] = greedy_spec["acceptance"]
-    report["mlx_lm_plain"] = mlx_lm_run(model, None, tokenizer, prompt, args, 0.0)
-    report["mlx_lm_spec"] = mlx_lm_run(model, draft_model, tokenizer, prompt, args, 0.0)
+    runs = {
+        "ours_plain": ours(plain, 0.0, "rejection", 0),
+        "ours_spec": ours(decoder, 0.0, "rejection", 0),
+        "ours_auto": ours(auto, 0.0, "rejection", 0),
+        "mlx_lm_plain": mlx_lm_run(model, None, tokenizer, prompt, args, 0.0),
+        "mlx_lm_spec": mlx_lm_run(model, draft_model, tokenizer, prompt, args, 0.0),
+    }
+    reference = runs["ours_plain"]["ids"]
+    report["identical_to_ours_plain"] = {name: r["ids"] == reference for name, r in runs.items()}
+    report["ours_greedy_acceptance"] = runs["ours_spec"]["acceptance"]
+    for name, run in runs.items():
+        run.pop("ids")
+        report[name] = run
     temp = args.temperature
     rows: dict[str, list[dict[str, Any]]] = {"rejection": [], "sample-match": [], "mlx_lm": []}
     for seed in range(args.seeds):
         for verification in ("rejection", "sample-match"):
-            run = ours(True, temp, verification, seed)
+            run = ours(decoder, temp, verification, seed)
             run.pop("ids")
             rows[verification].append(run)
         args.seed = seed
-        rows["mlx_lm"].append(mlx_lm_run(model, draft_model, tokenizer, prompt, args, temp))
+        run = mlx_lm_run(model, draft_model, tokenizer, prompt, args, temp)
+        run.pop("ids")
+        rows["mlx_lm"].append(run)
     report[f"temperature_{temp:g}"] = rows
     print(json.dumps(report, indent=2))
 

@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +18,7 @@ from backends.catalog import compatible_drafts, read_catalog_model, scan_models
 from backends.engines import open_engine
 from backends.errors import ModelFileError
 from backends.methods import build_decoder
-from backends.mlx_engine import MlxEngine
+from backends.mlx_engine import PREFILL_CHUNK, MlxEngine
 from backends.ngram import NgramSimpleDrafter
 from backends.sampling import SamplingSettings
 from backends.speculative import DraftModelDrafter, GenerationSettings, SpeculativeDecoder
@@ -65,6 +66,39 @@ def test_load_report_and_vocab(main_engine: MlxEngine) -> None:
     assert vocab.n_vocab == main_engine.info.vocab.size
     assert main_engine.exact_batch_limit is not None
     assert main_engine.exact_batch_limit >= 1
+
+
+def test_placement_says_unified_memory_on_apple_silicon(main_engine: MlxEngine) -> None:
+    report = main_engine.load_report
+    assert report.unified_memory == (report.backend == "MLX (Metal)")
+    on_metal = replace(
+        report, backend="MLX (Metal)", gpu_layers=2, kv_cache_on_gpu=True, unified_memory=True
+    )
+    assert on_metal.placement == (
+        "MLX (Metal): all 2 layers on GPU, KV cache on GPU (unified memory)"
+    )
+
+
+def test_rows_after_a_cache_only_prefill_equal_rows_of_one_batch(main_engine: MlxEngine) -> None:
+    # The tokens before the rows asked for run without an output layer, in chunks of
+    # PREFILL_CHUNK: the rows must be those of evaluating everything with logits.
+    text = "def double(x):\n    return x * 2  # doubled\n"
+    tokens = main_engine.tokenize(text * 60, add_special=False, parse_special=False)
+    tokens = tokens[: PREFILL_CHUNK + 88]
+    main_engine.truncate(0)
+    last_only = main_engine.evaluate(tokens, 1).copy()
+    assert last_only.shape == (1, main_engine.vocab.n_vocab)
+    assert len(main_engine.cached_tokens) == len(tokens)
+    main_engine.truncate(0)
+    head = main_engine.evaluate(tokens[: PREFILL_CHUNK // 2], 1).copy()
+    rest = main_engine.evaluate(tokens[PREFILL_CHUNK // 2 :], 88).copy()
+    main_engine.truncate(0)
+    assert np.allclose(last_only[0], rest[-1], rtol=0, atol=1e-4)
+    assert int(np.argmax(last_only[0])) == int(np.argmax(rest[-1]))
+    main_engine.truncate(0)
+    whole_short = main_engine.evaluate(tokens[: PREFILL_CHUNK // 2], PREFILL_CHUNK // 2).copy()
+    main_engine.truncate(0)
+    assert np.allclose(head[0], whole_short[-1], rtol=0, atol=1e-4)
 
 
 def test_tokenize_and_token_bytes_round_trip(main_engine: MlxEngine) -> None:

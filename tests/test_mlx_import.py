@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -11,9 +15,16 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[ml
 
 from backends.catalog import read_catalog_model
 from backends.compat import compatibility_problem
-from backends.gguf_to_mlx import ImportProgress, hf_tensor_name, import_gguf, unpermute_rows
+from backends.gguf_to_mlx import (
+    ImportProgress,
+    hf_tensor_name,
+    import_gguf,
+    mlx_folder_for,
+    unpermute_rows,
+)
 from backends.llama_engine import LlamaEngine, LlamaLoadSettings
 from backends.mlx_engine import MlxEngine
+from backends.paths import MODELS_DIR_ENV
 from backends.provision import main as specdeck_models
 from backends.speculative import DraftModelDrafter, GenerationSettings, SpeculativeDecoder
 from tests.conftest import TEST_CONTEXT, user
@@ -28,6 +39,7 @@ if TYPE_CHECKING:
 # next tokens (teacher-forced); at 4 bits (quantized twice) on 41 of 49. The imported
 # Qwen2.5-Coder-0.5B (4-bit) agreed on 49 of 49 and wrote the same 48-token answer.
 SMOLLM_TOP1_FLOOR = 0.9
+DEAD_PID = 4_194_305  # above Linux's largest pid_max: no process has it
 QWEN_TOP1_FLOOR = 0.95
 COMPARE_TOKENS = 48
 TOKENIZER_TEXTS = (
@@ -142,6 +154,58 @@ def test_import_cli_refuses_to_overwrite(
     status = specdeck_models(["import-mlx", str(smollm_path), "--out", str(smollm_mlx)])
     assert status == 1
     assert "exists already" in capsys.readouterr().err
+
+
+def test_concurrent_imports_of_one_model_both_succeed(smollm_path: Path, tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    target = mlx_folder_for(smollm_path, models)
+    target.parent.mkdir(parents=True)
+    abandoned = target.parent / f".importing-{target.name}.{DEAD_PID}"
+    (abandoned / "hf").mkdir(parents=True)  # left by an import that was killed
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from backends.gguf_to_mlx import ensure_mlx_import\n"
+        "print(ensure_mlx_import(Path(sys.argv[1]), None, Path(sys.argv[2])))\n"
+    )
+    imports = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(smollm_path), str(models)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for process in imports:
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err
+        assert out.strip() == str(target)
+    assert read_catalog_model(target).format == "mlx"
+    assert sorted(path.name for path in target.parent.iterdir()) == [target.name]
+
+
+def test_bench_imports_a_gguf_on_first_use_and_reuses_it(smollm_path: Path, tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    bench = [sys.executable, "-m", "backends.bench", "--engine", "mlx", "--json"]
+    pair = ["--main", str(smollm_path), "--draft", str(smollm_path), "--method", "draft-model"]
+    short = ["--fixed-draft", "--p-min", "0", "--max-tokens", "16", "--ctx", "1024"]
+    completed = subprocess.run(
+        [*bench, *pair, *short],
+        env={**os.environ, MODELS_DIR_ENV: str(models)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    folder = models / "mlx" / smollm_path.stem
+    assert read_catalog_model(folder).format == "mlx"
+    # One import with a progress bar for the main model; the draft (same file) reuses it.
+    assert completed.stderr.count("100% done:") == 1, completed.stderr
+    report = json.loads(completed.stdout)
+    assert report["load"]["backend"].startswith("MLX")
+    assert report["identical"] is True
+    assert report["speculative"]["accepted_draft_tokens_count"] > 0
 
 
 @pytest.fixture(scope="session")
