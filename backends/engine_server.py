@@ -189,6 +189,7 @@ class EngineServer:
     # -- commands ----------------------------------------------------------------------------
 
     def _load(self, request: LoadRequest) -> None:
+        started = time.perf_counter()
         self._unload()
         main_info = read_catalog_model(request.main_path)
         draft_info = read_catalog_model(request.draft_path) if request.draft_path else None
@@ -264,6 +265,8 @@ class EngineServer:
             n_ctx=main.n_ctx,
             method=request.method,
             gpus=[asdict(device) for device in _gpus(request)],
+            # Everything the user waited for: both models, probes and the auto calibration.
+            seconds=time.perf_counter() - started,
         )
 
     def _unload(self) -> None:

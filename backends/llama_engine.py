@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +226,8 @@ class LlamaEngine:
         self._exact_batch_limit: int | None = None
         if self.settings.probe_exact_batch and not is_draft:
             self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, self._n_batch)
+        # The load took until the probe was done: that is what the user waited for.
+        self._load_report = replace(self._load_report, load_seconds=time.perf_counter() - started)
         log.info("loaded %s: %s", self.info.name, self._load_report.placement)
 
     # -- facts -----------------------------------------------------------------------------

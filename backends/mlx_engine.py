@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -148,6 +149,8 @@ class MlxEngine:
             self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, PREFILL_CHUNK)
         if progress is not None:
             progress(1.0)
+        # The load took until the probe was done: that is what the user waited for.
+        self._load_report = replace(self._load_report, load_seconds=time.perf_counter() - started)
         log.info("loaded %s: %s", self.info.name, self._load_report.placement)
 
     # -- facts -----------------------------------------------------------------------------

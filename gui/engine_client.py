@@ -46,6 +46,7 @@ class LoadedPair:
     n_ctx: int
     method: str
     gpus: tuple[ComputeDevice, ...] = ()
+    load_seconds: float = 0.0  # the whole load: models, probes, calibration
 
 
 def engine_command() -> list[str]:
@@ -226,6 +227,7 @@ class EngineClient(QObject):
                     n_ctx=int(event["n_ctx"]),
                     method=str(event["method"]),
                     gpus=tuple(ComputeDevice(**gpu) for gpu in event.get("gpus", ())),
+                    load_seconds=float(event.get("seconds", 0.0)),
                 )
             )
         elif kind == "unloaded":

@@ -354,7 +354,7 @@ class MainWindow(QMainWindow):
     def _on_loaded(self, pair: object) -> None:
         assert isinstance(pair, LoadedPair)
         self.loaded = pair
-        self.sidebar.set_loaded(pair.main, pair.draft)
+        self.sidebar.set_loaded(pair.main, pair.draft, pair.load_seconds or None)
         self.status.set_engine_pid(self.client.pid)
         self.status.set_gpu(_gpu_summary(pair))
         self._update_controls()

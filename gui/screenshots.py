@@ -14,6 +14,7 @@ from pathlib import Path
 from PySide6.QtCore import QEventLoop, QTimer, SignalInstance
 from PySide6.QtWidgets import QApplication, QWidget
 
+from backends.engine_protocol import ENGINE_KINDS
 from backends.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, ensure_model
 from backends.suite_prompts import SUITE_PROMPTS
 from gui.app import APP_NAME, prefer_default_pair
@@ -68,15 +69,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="folder for the PNG files")
     parser.add_argument("--question", default=QUESTION)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument(
+        "--engine",
+        choices=ENGINE_KINDS,
+        default="llama.cpp",
+        help="mlx: the default pair imported into MLX folders (imported now if need be)",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    ensure_model(DEFAULT_MAIN_KEY)
-    ensure_model(DEFAULT_DRAFT_KEY)
+    pair = [ensure_model(DEFAULT_MAIN_KEY), ensure_model(DEFAULT_DRAFT_KEY)]
+    if args.engine == "mlx":
+        from backends.gguf_to_mlx import ImportProgressBar, ensure_mlx_import
+
+        pair = [ensure_mlx_import(path, ImportProgressBar(sys.stderr, path.stem)) for path in pair]
 
     app = QApplication(sys.argv[:1])
     app.setApplicationName(APP_NAME)
     prefer_default_pair()
     settings = AppSettings()
+    settings.set("engine", args.engine)
+    if args.engine == "mlx":
+        settings.set("last_main_path", str(pair[0]))
+        settings.set("last_draft_choice", str(pair[1]))
     settings.set("compare", True)
     settings.set("max_tokens", args.max_tokens)
     window = MainWindow(settings, offer_first_run=False)

@@ -385,6 +385,7 @@ class Sidebar(QWidget):
         self._progress_label.hide()
         layout.addWidget(self._progress_label)
         self._status_label = QLabel()
+        self._status_label.setObjectName("loadStatus")
         self._status_label.setStyleSheet(f"color: {GOOD.name()}; font-weight: bold;")
         self._status_label.hide()
         layout.addWidget(self._status_label)
@@ -585,8 +586,10 @@ class Sidebar(QWidget):
         self._progress_label.setText(message)
         self._progress_label.setVisible(bool(message))
 
-    def set_loaded(self, main: LoadReport, draft: LoadReport | None) -> None:
-        """Show the loaded pair and where its layers went."""
+    def set_loaded(
+        self, main: LoadReport, draft: LoadReport | None, seconds: float | None = None
+    ) -> None:
+        """Show the loaded pair, how long the load took and where its layers went."""
         self._state = "loaded"
         self._loaded_request = self._requested
         self._progress_bar.hide()
@@ -595,10 +598,10 @@ class Sidebar(QWidget):
         lines = [f"Main: {main.placement}"]
         if draft is not None:
             lines.append(f"Draft: {draft.placement}")
-        for report in (main, draft):
-            if report is not None:
-                lines.extend(report.notes)
-        seconds = main.load_seconds + (draft.load_seconds if draft is not None else 0.0)
+        notes = [*main.notes, *(draft.notes if draft is not None else ())]
+        lines.extend(dict.fromkeys(notes))  # a note both models share is said once
+        if seconds is None:
+            seconds = main.load_seconds + (draft.load_seconds if draft is not None else 0.0)
         self._status_label.setText(f"● Loaded in {seconds:.1f} s")
         self._status_label.show()
         self._placement_label.setText("\n".join(lines))

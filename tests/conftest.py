@@ -155,3 +155,19 @@ def tiny_mlx_main(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_mlx_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[mlx-cpu]')")
     return write_tiny_mlx_folder(tmp_path_factory.mktemp("mlx") / "tiny-draft", seed=1)
+
+
+@pytest.fixture(scope="session")
+def smollm_mlx(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M imported into an MLX folder (8-bit: close to the GGUF's own numbers)."""
+    pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[mlx-cpu]')")
+    from backends.gguf_to_mlx import ImportProgress, import_gguf
+
+    events: list[ImportProgress] = []
+    folder = import_gguf(
+        smollm_path, tmp_path_factory.mktemp("import") / "smollm", progress=events.append, bits=8
+    )
+    fractions = [event.fraction for event in events]
+    assert fractions == sorted(fractions)
+    assert events[-1].stage == "done"
+    return folder

@@ -100,6 +100,8 @@ def test_answer_streams_with_origins_and_equals_plain_decoding(
     assert loaded["type"] == "loaded", loaded
     assert loaded["main"]["backend"]
     assert loaded["draft"]["gpu_layers"] >= 0
+    # The whole load, of which each model's own load is a part.
+    assert loaded["seconds"] >= loaded["main"]["load_seconds"] + loaded["draft"]["load_seconds"]
     engine_process.send(_ask(QUESTION))
     events = engine_process.until("finished", "error")
     assert events[-1]["type"] == "finished", events[-1]

@@ -16,7 +16,6 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[ml
 from backends.catalog import read_catalog_model
 from backends.compat import compatibility_problem
 from backends.gguf_to_mlx import (
-    ImportProgress,
     hf_tensor_name,
     import_gguf,
     mlx_folder_for,
@@ -72,18 +71,6 @@ def test_tensor_names_map_to_hugging_face() -> None:
     assert hf_tensor_name("blk.7.attn_q.bias") == "model.layers.7.self_attn.q_proj.bias"
     assert hf_tensor_name("blk.0.ffn_down.weight") == "model.layers.0.mlp.down_proj.weight"
     assert hf_tensor_name("rope_freqs.weight") is None
-
-
-@pytest.fixture(scope="session")
-def smollm_mlx(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    events: list[ImportProgress] = []
-    folder = import_gguf(
-        smollm_path, tmp_path_factory.mktemp("import") / "smollm", progress=events.append, bits=8
-    )
-    fractions = [event.fraction for event in events]
-    assert fractions == sorted(fractions)
-    assert events[-1].stage == "done"
-    return folder
 
 
 def greedy_agreement(reference: ModelEngine, other: ModelEngine, prompt: list[int]) -> float:

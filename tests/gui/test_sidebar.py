@@ -413,8 +413,11 @@ def test_loaded_state_shows_placement_and_offers_unload(sidebar: Sidebar, qtbot:
     assert message is not None
     assert message.text() == "Loading the main model"
 
-    sidebar.set_loaded(MAIN_REPORT, DRAFT_REPORT)
+    sidebar.set_loaded(MAIN_REPORT, DRAFT_REPORT, 12.34)
     sidebar.set_loading(False)
+    status = sidebar.findChild(QLabel, "loadStatus")
+    assert status is not None
+    assert status.text() == "● Loaded in 12.3 s"  # the whole wait, not the models' share
     placement = sidebar.placement_text()
     assert "Main: CPU: all 28 layers on CPU (2 threads)" in placement
     assert "Draft: Metal: all 24 layers on GPU, KV cache on GPU" in placement
@@ -538,10 +541,13 @@ def test_choosing_mlx_lists_only_mlx_folders_and_goes_into_the_request(
     widget.set_catalog(CatalogScan(real_scan.models + mlx_scan.models, ()))
     main_picker = combo(widget, "mainPicker")
     gguf_count = main_picker.count()
-    assert gguf_count == len(real_scan.models)
+    # The user's own models folder may hold MLX imports too; they are listed only for MLX.
+    real_mlx = [info for info in real_scan.models if info.format == "mlx"]
+    assert gguf_count == len(real_scan.models) - len(real_mlx)
     pick(combo(widget, "enginePicker"), "mlx")
     assert settings.get("engine") == "mlx"
-    assert main_picker.count() == 1
+    assert main_picker.count() == len(real_mlx) + 1
+    pick(main_picker, tiny_mlx_main)
     request = widget.load_request()
     assert request.engine == "mlx"
     assert request.main_path == str(tiny_mlx_main)
