@@ -253,6 +253,7 @@ class MainWindow(QMainWindow):
         client.load_progress.connect(self.sidebar.set_load_progress)
         client.loaded.connect(self._on_loaded)
         client.unloaded.connect(self._on_unloaded)
+        client.run_started.connect(self._on_run_started)
         client.tokens_arrived.connect(self._on_tokens)
         client.run_finished.connect(self._on_run_finished)
         client.compared.connect(self._on_compared)
@@ -484,6 +485,10 @@ class MainWindow(QMainWindow):
 
     def _is_current(self, request_id: int) -> bool:
         return self.answer is not None and self.answer.request_id == request_id
+
+    def _on_run_started(self, request_id: int, run: str, prompt_tokens: int) -> None:
+        if self._is_current(request_id) and run == "speculative":
+            self.meter.prompt_started(prompt_tokens)
 
     def _on_tokens(
         self, request_id: int, run: str, tokens: list[EmittedToken], stats: SpeculationStats

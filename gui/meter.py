@@ -379,6 +379,7 @@ class AcceptanceMeter(QWidget):
         super().__init__(parent)
         self._state: MeterState = "idle"
         self._method_label = ""
+        self._prompt_tokens = 0  # the prompt being read before the first token (0: none)
         self._stats: SpeculationStats | None = None
         self._window = RecentWindow(RECENT_ROUNDS)
         self._recent: float | None = None
@@ -436,7 +437,17 @@ class AcceptanceMeter(QWidget):
         self._clear_values()
         self._state = "running"
         self._method_label = method_label
+        self._prompt_tokens = 0
         self._update_display()
+
+    def prompt_started(self, prompt_tokens: int) -> None:
+        """The engine reads a prompt of ``prompt_tokens`` tokens; said until the first tokens.
+
+        On a slow machine (or MLX's CPU build) a long prompt takes seconds to minutes before
+        anything streams: the caption says what the wait is.
+        """
+        self._prompt_tokens = prompt_tokens
+        self._update_caption()
 
     def update_stats(self, stats: SpeculationStats) -> None:
         """Take a live snapshot; the display follows on the next repaint tick."""
@@ -522,6 +533,8 @@ class AcceptanceMeter(QWidget):
             text = IDLE_CAPTION
         elif self._state == "running":
             text = self._method_label or "generating"
+            if self._stats is None and self._prompt_tokens:
+                text = f"{text} · reading the prompt ({self._prompt_tokens:,} tokens)…"
         else:
             text = f"{DONE_CAPTION} · {self._method_label}" if self._method_label else DONE_CAPTION
         self._caption.setText(text)

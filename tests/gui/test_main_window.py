@@ -93,10 +93,16 @@ def test_answer_highlights_exactly_the_accepted_draft_tokens(
     qtbot: QtBot, window: MainWindow
 ) -> None:
     recorder = _Recorder(window)
+    captions: list[str] = []
+    # Connected after the window's own slot: sees the meter as the run starts, before tokens.
+    window.client.run_started.connect(
+        lambda *_: captions.append(window.meter.value_texts()["caption"])
+    )
     assert "CPU" in window.sidebar.placement_text() or "GPU" in window.sidebar.placement_text()
     assert _ask(qtbot, window, QUESTION) == "complete"
     stats = recorder.stats
     assert stats is not None
+    assert captions == [f"draft-model · reading the prompt ({stats.prompt_tokens} tokens)…"]
     text = "".join(token.text for token in recorder.tokens)
     drafted = "".join(t.text for t in recorder.tokens if t.origin is TokenOrigin.DRAFT)
     assert stats.accepted_draft_tokens_count > 0

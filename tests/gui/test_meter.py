@@ -137,9 +137,13 @@ def test_states_and_captions(qtbot: QtBot, meter: AcceptanceMeter) -> None:
     meter.start("auto · drafting")
     states.append(meter.state)
     assert meter.value_texts()["caption"] == "auto · drafting"
+    meter.prompt_started(1234)
+    assert meter.value_texts()["caption"] == "auto · drafting · reading the prompt (1,234 tokens)…"
 
     builder = SnapshotBuilder()
     meter.update_stats(builder.rounds(5, drafted=10, accepted=5))
+    # The first tokens end the wait: the caption is the method again on the next repaint.
+    qtbot.waitUntil(lambda: meter.value_texts()["caption"] == "auto · drafting")
     final = builder.rounds(5, drafted=10, accepted=9)
     final.stop_reason = "eos"
     meter.finish(final)
