@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +210,11 @@ class LlamaEngine:
         offloaded = 0
         if build.supports_gpu_offload:
             offloaded = n_layers if gpu_layers == ALL_LAYERS else min(gpu_layers, n_layers)
+        self._vocab_facts = self._read_vocab_facts()
+        self._template = ChatTemplate(self.info.chat_template, self.info.name)
+        self._exact_batch_limit: int | None = None
+        if self.settings.probe_exact_batch and not is_draft:
+            self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, self._n_batch)
         self._load_report = LoadReport(
             model_name=self.info.name,
             backend=build.backend,
@@ -218,16 +223,10 @@ class LlamaEngine:
             kv_cache_on_gpu=build.supports_gpu_offload and offloaded > 0,
             n_ctx=self._n_ctx,
             n_threads=threads,
+            # Until the probe was done: that is what the user waited for.
             load_seconds=time.perf_counter() - started,
             unified_memory=build.backend == "Metal",
         )
-        self._vocab_facts = self._read_vocab_facts()
-        self._template = ChatTemplate(self.info.chat_template, self.info.name)
-        self._exact_batch_limit: int | None = None
-        if self.settings.probe_exact_batch and not is_draft:
-            self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, self._n_batch)
-        # The load took until the probe was done: that is what the user waited for.
-        self._load_report = replace(self._load_report, load_seconds=time.perf_counter() - started)
         log.info("loaded %s: %s", self.info.name, self._load_report.placement)
 
     # -- facts -----------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,18 +127,6 @@ class MlxEngine:
             self._n_ctx = min(self._n_ctx, train_ctx)
         backend = "MLX (Metal)" if on_metal else f"MLX ({_device_name(mx)})"
         on_gpu = mx.default_device() != mx.cpu
-        self._load_report = LoadReport(
-            model_name=self.info.name,
-            backend=backend,
-            n_layers=n_layers,
-            gpu_layers=n_layers if on_gpu else 0,
-            kv_cache_on_gpu=on_gpu,
-            n_ctx=self._n_ctx,
-            n_threads=physical_cores(),
-            load_seconds=time.perf_counter() - started,
-            notes=tuple(notes),
-            unified_memory=on_metal,
-        )
         self._load_tokenizer()
         self._n_vocab = int(self._output_width())
         self._vocab_facts = self._read_vocab_facts()
@@ -149,8 +136,19 @@ class MlxEngine:
             self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, PREFILL_CHUNK)
         if progress is not None:
             progress(1.0)
-        # The load took until the probe was done: that is what the user waited for.
-        self._load_report = replace(self._load_report, load_seconds=time.perf_counter() - started)
+        self._load_report = LoadReport(
+            model_name=self.info.name,
+            backend=backend,
+            n_layers=n_layers,
+            gpu_layers=n_layers if on_gpu else 0,
+            kv_cache_on_gpu=on_gpu,
+            n_ctx=self._n_ctx,
+            n_threads=physical_cores(),
+            # Until the probe was done: that is what the user waited for.
+            load_seconds=time.perf_counter() - started,
+            notes=tuple(notes),
+            unified_memory=on_metal,
+        )
         log.info("loaded %s: %s", self.info.name, self._load_report.placement)
 
     # -- facts -----------------------------------------------------------------------------
