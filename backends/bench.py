@@ -4,6 +4,12 @@ One prompt: plain decoding, then the chosen method (``--method``, ``auto`` by de
 side by side. ``--suite``: the prompts of :mod:`backends.suite_prompts`, each run plain and
 with every method, in one table (tok/s, speedup, acceptance, chosen draft lengths,
 identical text) — the figures in the README come from it.
+
+A native crash cannot take the command down: the measuring runs in a worker process (this
+module again, with ``$SPECDECK_BENCH_WORKER`` naming a file where it writes how far its
+load got). When the worker dies while loading, the crash is recorded for that model and
+CPU (backends.load_guard), one line says what happened, and the worker runs once more,
+when it loads with the safest settings; a second crash ends the command with exit code 3.
 """
 
 from __future__ import annotations
@@ -11,10 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import subprocess
 import sys
+import tempfile
 import traceback
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -23,6 +32,17 @@ from backends.compat import check_compatibility
 from backends.engine import ChatMessage
 from backends.engine_protocol import ENGINE_KINDS
 from backends.errors import SettingsError, SpecDeckError
+from backends.load_guard import (
+    SAFEST,
+    SAFEST_DESCRIPTION,
+    CrashRecords,
+    RiskySettings,
+    add_stage_listener,
+    avoided_crash_note,
+    checkpoint,
+    crash_message,
+    signal_name,
+)
 from backends.methods import DEFAULT_METHOD, METHODS, SpeculationMethod, build_decoder, parse_method
 from backends.planner import CostCache
 from backends.sampling import SamplingSettings
@@ -37,6 +57,7 @@ from backends.speculative import (
     SpeculativeDecoder,
 )
 from backends.suite_prompts import SUITE_PROMPTS
+from backends.weight_placement import WEIGHT_REPACKING_MODES
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -48,6 +69,9 @@ PROG = "specdeck-bench"
 DEFAULT_PROMPT = "Write a quicksort function in Python."
 DEFAULT_BENCH_MAX_TOKENS = 128
 WARMUP_TOKENS = 8  # pages the weights in, so the first timed run is not penalised
+WORKER_ENV = "SPECDECK_BENCH_WORKER"  # in the worker: the file its load stages go to
+EXIT_ENGINE_CRASHED = 3
+DEFAULT_LOAD = RiskySettings()
 
 
 @dataclass(frozen=True)
@@ -156,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gpu-layers", type=int, default=-1, help="main model layers on the GPU (-1 = all)"
     )
+    parser.add_argument(
+        "--weight-repacking",
+        choices=WEIGHT_REPACKING_MODES,
+        default="auto",
+        help="llama.cpp's repacked CPU weight layouts (never AMX); auto = on",
+    )
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and engine logs")
@@ -244,21 +274,34 @@ def loaded_pair(
     draft_path: Path | None,
     *,
     n_ctx: int = 4096,
-    n_threads: int | None = None,
-    gpu_layers: int = -1,
     engine: EngineKind = "llama.cpp",
+    load_settings: RiskySettings = DEFAULT_LOAD,
 ) -> Iterator[tuple[ModelEngine, ModelEngine | None]]:
     """Check the pair, load both models (the draft fully offloaded), close them after."""
     from backends.engines import open_engine
 
     if draft_path is not None:
         check_compatibility(read_catalog_model(main_path), read_catalog_model(draft_path))
-    main = open_engine(engine, main_path, n_ctx=n_ctx, gpu_layers=gpu_layers, n_threads=n_threads)
+
+    def load(path: Path, *, is_draft: bool) -> ModelEngine:
+        return open_engine(
+            engine,
+            path,
+            n_ctx=n_ctx,
+            gpu_layers=load_settings.gpu_layers,  # a draft goes fully onto the GPU anyway
+            n_threads=load_settings.n_threads,
+            weight_repacking=load_settings.weight_repacking,
+            is_draft=is_draft,
+        )
+
+    main = load(main_path, is_draft=False)
     try:
         if draft_path is None:
+            checkpoint("loaded", main_path)
             yield main, None
             return
-        draft = open_engine(engine, draft_path, n_ctx=n_ctx, n_threads=n_threads, is_draft=True)
+        draft = load(draft_path, is_draft=True)
+        checkpoint("loaded", main_path)
         try:
             yield main, draft
         finally:
@@ -289,8 +332,13 @@ def _load_report(main: ModelEngine, draft: ModelEngine | None, prompt: int) -> d
         "backend": main.load_report.backend,
         "exact_batch_limit": main.exact_batch_limit,
         "prompt_tokens": prompt,
-        "notes": list(main.load_report.notes),
+        # What was chosen for the weights and why ("weight repacking on (auto), AMX ...").
+        "notes": list(dict.fromkeys([*_load_notes, *main.load_report.notes])),
+        "main_weight_buffers": list(main.load_report.weight_buffers),
     }
+
+
+_load_notes: list[str] = []  # why this worker loads with other settings than asked for
 
 
 def run_bench(
@@ -302,19 +350,13 @@ def run_bench(
     method: SpeculationMethod = DEFAULT_METHOD,
     adaptive: bool = True,
     n_ctx: int = 4096,
-    n_threads: int | None = None,
-    gpu_layers: int = -1,
     warmup: bool = True,
     engine: EngineKind = "llama.cpp",
+    load_settings: RiskySettings = DEFAULT_LOAD,
 ) -> tuple[BenchResult, dict[str, object]]:
     """Load the pair, run plain then speculative decoding, return both and a load report."""
     with loaded_pair(
-        main_path,
-        draft_path,
-        n_ctx=n_ctx,
-        n_threads=n_threads,
-        gpu_layers=gpu_layers,
-        engine=engine,
+        main_path, draft_path, n_ctx=n_ctx, engine=engine, load_settings=load_settings
     ) as (main, draft):
         plain = SpeculativeDecoder(main)
         speculative = build_decoder(method, main, draft, adaptive=adaptive, p_min=settings.p_min)
@@ -369,11 +411,10 @@ def run_suite(
     settings: GenerationSettings,
     *,
     n_ctx: int = 4096,
-    n_threads: int | None = None,
-    gpu_layers: int = -1,
     prompt_keys: Sequence[str] | None = None,
     progress: TextIO | None = None,
     engine: EngineKind = "llama.cpp",
+    load_settings: RiskySettings = DEFAULT_LOAD,
 ) -> tuple[list[SuiteRow], dict[str, object]]:
     """Every suite prompt, plain and with every method, at temperature 0, in one process.
 
@@ -384,12 +425,7 @@ def run_suite(
     greedy = replace(settings, sampling=replace(settings.sampling, temperature=0.0))
     rows: list[SuiteRow] = []
     with loaded_pair(
-        main_path,
-        draft_path,
-        n_ctx=n_ctx,
-        n_threads=n_threads,
-        gpu_layers=gpu_layers,
-        engine=engine,
+        main_path, draft_path, n_ctx=n_ctx, engine=engine, load_settings=load_settings
     ) as (main, draft):
         costs = CostCache()
         decoders = {
@@ -437,6 +473,7 @@ def format_suite(rows: Sequence[SuiteRow], report: dict[str, object]) -> str:
     lines = [
         f"main:  {report['main']} — {report['main_placement']}",
         f"draft: {report['draft']} — {report['draft_placement']}",
+        *(f"note:  {note}" for note in report["notes"]),  # type: ignore[attr-defined]
         "loop ms: time per round outside the engines' forward passes (Python, lookups, sampling)",
         f"bit-exact batch limit of the main model: {report['exact_batch_limit']} tokens; "
         "temperature 0",
@@ -513,6 +550,7 @@ def format_table(
     lines = [
         f"main:  {report['main']} — {report['main_placement']}",
         f"draft: {report['draft']} — {report['draft_placement']}",
+        *(f"note:  {note}" for note in report["notes"]),  # type: ignore[attr-defined]
         f"method {report['method']} · prompt {report['prompt_tokens']} tokens · "
         f"max {settings.max_tokens} tokens · "
         f"temperature {settings.sampling.temperature:g} · draft max {settings.draft_max} · "
@@ -560,10 +598,78 @@ def _draft_line(stats: SpeculationStats) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of specdeck-bench; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(arguments)
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.ERROR, format="%(name)s: %(message)s"
     )
+    stage_file = os.environ.get(WORKER_ENV)
+    if stage_file is None:
+        return _watch_workers(arguments)
+    return _work(args, Path(stage_file))
+
+
+def _watch_workers(arguments: list[str]) -> int:
+    """Run the bench in a worker; after a crash while loading, once more (safest settings)."""
+    with tempfile.TemporaryDirectory(prefix="specdeck-bench-") as folder:
+        stage_file = Path(folder) / "stages.jsonl"
+        for attempt in (1, 2):
+            stage_file.write_text("", encoding="utf-8")
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "backends.bench", *arguments],
+                env={**os.environ, WORKER_ENV: str(stage_file)},
+            )
+            try:
+                status = worker.wait()
+            except KeyboardInterrupt:
+                worker.wait()  # it got the interrupt too, and says so itself
+                return 130
+            if status >= 0:
+                return status
+            cause = signal_name(-status)
+            settings, stage, model = _worker_progress(stage_file)
+            if stage in ("", "loaded") or settings is None:
+                print(f"{PROG}: error: the engine crashed ({cause}) after loading", file=sys.stderr)
+                return EXIT_ENGINE_CRASHED
+            CrashRecords().record(model, settings, stage, cause)
+            line = crash_message(model, stage, settings, cause)
+            if settings == SAFEST or attempt == 2:
+                print(f"{PROG}: error: {line}; nothing safer is left to try", file=sys.stderr)
+                return EXIT_ENGINE_CRASHED
+            print(
+                f"{PROG}: {line}; retrying once with the safest settings ({SAFEST_DESCRIPTION})",
+                file=sys.stderr,
+                flush=True,
+            )
+    return EXIT_ENGINE_CRASHED
+
+
+def _worker_progress(stage_file: Path) -> tuple[RiskySettings | None, str, str]:
+    """What a dead worker wrote: the settings it loaded with, its last stage and model."""
+    settings: RiskySettings | None = None
+    stage = model = ""
+    for line in stage_file.read_text(encoding="utf-8").splitlines():
+        entry = json.loads(line)
+        if "settings" in entry:
+            settings = RiskySettings(**entry["settings"])
+        else:
+            stage, model = entry["stage"], entry["model"]
+    return settings, stage, model
+
+
+def _report_stages(stage_file: Path, settings: RiskySettings) -> None:
+    """Write the load settings, then every load stage, to the file the watcher reads."""
+
+    def write(entry: dict[str, object]) -> None:
+        with stage_file.open("a", encoding="utf-8") as stream:
+            stream.write(json.dumps(entry) + "\n")
+
+    write({"settings": asdict(settings)})
+    add_stage_listener(lambda stage, model: write({"stage": stage, "model": model}))
+
+
+def _work(args: argparse.Namespace, stage_file: Path) -> int:
+    """The bench itself (in the worker process)."""
     try:
         settings = _generation_settings(args)
         if args.ctx < 1:
@@ -573,6 +679,12 @@ def main(argv: list[str] | None = None) -> int:
             messages.insert(0, ChatMessage("system", args.system))
         method = parse_method(args.method)
         main_path, draft_path = _model_paths(args)
+        requested = RiskySettings(args.weight_repacking, args.gpu_layers, args.threads)
+        risky, crash = CrashRecords().choose((main_path, draft_path), requested)
+        if crash is not None:
+            _load_notes.append(avoided_crash_note(crash))
+            print(f"{PROG}: {avoided_crash_note(crash)}", file=sys.stderr)
+        _report_stages(stage_file, risky)
         if args.suite:
             if args.prompt is not None or args.prompt_file is not None:
                 raise SettingsError("--suite runs its own prompts; drop --prompt/--prompt-file")
@@ -580,12 +692,11 @@ def main(argv: list[str] | None = None) -> int:
                 main_path,
                 draft_path,
                 settings,
-                n_ctx=args.ctx,
-                n_threads=args.threads,
-                gpu_layers=args.gpu_layers,
                 prompt_keys=_suite_keys(args.suite_prompts),
                 progress=None if args.json else sys.stderr,
+                n_ctx=args.ctx,
                 engine=args.engine,
+                load_settings=risky,
             )
             if args.json:
                 print(json.dumps(suite_json(rows, suite_report), ensure_ascii=False))
@@ -599,11 +710,10 @@ def main(argv: list[str] | None = None) -> int:
             settings,
             method=method,
             adaptive=not args.fixed_draft,
-            n_ctx=args.ctx,
-            n_threads=args.threads,
-            gpu_layers=args.gpu_layers,
             warmup=not args.no_warmup,
+            n_ctx=args.ctx,
             engine=args.engine,
+            load_settings=risky,
         )
     except SpecDeckError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

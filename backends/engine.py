@@ -51,6 +51,8 @@ class LoadReport:
     notes: tuple[str, ...] = field(default=())
     # Apple Silicon: the GPU works in the memory the CPU shares, so "on GPU" costs no copy.
     unified_memory: bool = False
+    # The buffer types the weights went into, as llama.cpp names them ("CPU_REPACK", ...).
+    weight_buffers: tuple[str, ...] = field(default=())
 
     @property
     def placement(self) -> str:

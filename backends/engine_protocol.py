@@ -9,11 +9,12 @@ cannot drift apart. Stats travel as :class:`SpeculationStats` fields.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from backends.engine import ChatMessage
 from backends.errors import SettingsError
+from backends.load_guard import RiskySettings
 from backends.methods import DEFAULT_METHOD, SpeculationMethod, parse_method
 from backends.sampling import SamplingSettings
 from backends.speculative import (
@@ -22,6 +23,7 @@ from backends.speculative import (
     SpeculationStats,
     TokenOrigin,
 )
+from backends.weight_placement import WEIGHT_REPACKING_MODES, WeightRepacking
 
 EngineKind = Literal["llama.cpp", "mlx"]
 ENGINE_KINDS: tuple[EngineKind, ...] = ("llama.cpp", "mlx")
@@ -41,15 +43,40 @@ class LoadRequest:
     n_ctx: int = DEFAULT_CONTEXT
     gpu_layers: int = -1  # main model layers on the GPU; the draft always goes fully there
     n_threads: int | None = None
+    weight_repacking: WeightRepacking = "auto"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
             raise SettingsError(f"unknown engine {self.engine!r}; choose llama.cpp or mlx")
+        if self.weight_repacking not in WEIGHT_REPACKING_MODES:
+            choices = ", ".join(WEIGHT_REPACKING_MODES)
+            raise SettingsError(
+                f"weight repacking must be one of {choices}, got {self.weight_repacking!r}"
+            )
         parse_method(self.method)
         if self.method == "draft-model" and self.draft_path is None:
             raise SettingsError("'draft model only' needs a draft model; pick one")
         if self.n_ctx < 256:
             raise SettingsError(f"context size must be at least 256 tokens, got {self.n_ctx}")
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The model paths to load, main first."""
+        return (self.main_path,) if self.draft_path is None else (self.main_path, self.draft_path)
+
+    @property
+    def risky(self) -> RiskySettings:
+        """The settings a native crash while loading can depend on."""
+        return RiskySettings(self.weight_repacking, self.gpu_layers, self.n_threads)
+
+    def with_risky(self, settings: RiskySettings) -> LoadRequest:
+        """The same request with other crash-prone settings."""
+        return replace(
+            self,
+            weight_repacking=settings.weight_repacking,
+            gpu_layers=settings.gpu_layers,
+            n_threads=settings.n_threads,
+        )
 
 
 @dataclass(frozen=True)

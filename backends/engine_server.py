@@ -8,12 +8,14 @@ running generation at once, while loading and generating run one at a time on th
 thread. Events go to the original stdout; anything native code prints is sent to stderr,
 so it can never corrupt the protocol.
 
-Events: ``ready``, ``load_progress``, ``loaded``, ``unloaded``, ``started``, ``tokens``
-(one per round, with the stats so far), ``finished``, ``compared``, ``error``.
+Events: ``ready``, ``load_stage`` (a risky step of a load begins: if the process dies
+now, the window knows where), ``load_progress``, ``loaded``, ``unloaded``, ``started``,
+``tokens`` (one per round, with the stats so far), ``finished``, ``compared``, ``error``.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import queue
@@ -41,6 +43,7 @@ from backends.engine_protocol import (
 from backends.engines import installed_engines, open_engine
 from backends.errors import ContextOverflowError, SettingsError, SpecDeckError
 from backends.hardware import available_memory, estimate_pair_memory
+from backends.load_guard import SAFEST, add_stage_listener, checkpoint
 from backends.methods import build_decoder
 from backends.planner import CostCache
 from backends.speculative import DEFAULT_P_MIN, GenerationResult, SpeculativeDecoder
@@ -110,6 +113,10 @@ class EngineServer:
         self._commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._cancel = threading.Event()
         self._pair: _LoadedPair | None = None
+        add_stage_listener(self._on_load_stage)
+
+    def _on_load_stage(self, stage: str, model: str) -> None:
+        self.emit("load_stage", stage=stage, model=model)
 
     # -- output ------------------------------------------------------------------------------
 
@@ -234,6 +241,7 @@ class EngineServer:
             n_ctx=request.n_ctx,
             gpu_layers=request.gpu_layers,
             n_threads=request.n_threads,
+            weight_repacking=request.weight_repacking,
             progress=progress(0.0, main_share, f"loading {main_info.name}"),
         )
         draft: ModelEngine | None = None
@@ -243,13 +251,17 @@ class EngineServer:
                     request.engine,
                     Path(request.draft_path),
                     n_ctx=request.n_ctx,
+                    # Ignored for a draft (always fully on the GPU); keeps the load's settings.
+                    gpu_layers=request.gpu_layers,
                     n_threads=request.n_threads,
+                    weight_repacking=request.weight_repacking,
                     is_draft=True,
                     progress=progress(main_share, 1.0 - main_share, f"loading {draft_info.name}"),
                 )
             pair = _LoadedPair(request, main, draft)
             if request.method == "auto":
                 self.emit("load_progress", fraction=0.92, message="measuring batch costs")
+                checkpoint("calibration", request.main_path, safe=request.risky == SAFEST)
                 pair.decoder(request.method, DEFAULT_P_MIN).prepare()
         except BaseException:
             if draft is not None:
@@ -363,6 +375,9 @@ def main() -> NoReturn:
     """
     if sys.stderr is None:
         sys.stderr = os.fdopen(2, "w", encoding="utf-8", errors="replace", buffering=1)
+    # A native crash leaves "Fatal Python error: Segmentation fault" and where it happened
+    # in the log, which the window shows.
+    faulthandler.enable(sys.stderr, all_threads=False)
     events = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr

@@ -6,6 +6,7 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 from backends.errors import SettingsError
+from backends.load_guard import SAFEST, RiskySettings, checkpoint
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -13,6 +14,7 @@ if TYPE_CHECKING:
     from backends.engine import ModelEngine
     from backends.engine_protocol import EngineKind
     from backends.llama_engine import LoadProgress
+    from backends.weight_placement import WeightRepacking
 
 
 def installed_engines() -> list[EngineKind]:
@@ -32,6 +34,7 @@ def open_engine(
     n_ctx: int,
     gpu_layers: int = -1,
     n_threads: int | None = None,
+    weight_repacking: WeightRepacking = "auto",
     is_draft: bool = False,
     progress: LoadProgress | None = None,
 ) -> ModelEngine:
@@ -40,10 +43,17 @@ def open_engine(
     llama.cpp loads GGUF files; MLX loads MLX model folders (config.json, safetensors,
     tokenizer.json), which ``backends.gguf_to_mlx`` can make from a GGUF file.
     """
+    risky = RiskySettings(weight_repacking, gpu_layers, n_threads)
+    checkpoint("draft-model" if is_draft else "main-model", path, safe=risky == SAFEST)
     if kind == "llama.cpp":
         from backends.llama_engine import LlamaEngine, LlamaLoadSettings
 
-        settings = LlamaLoadSettings(n_ctx=n_ctx, gpu_layers=gpu_layers, n_threads=n_threads)
+        settings = LlamaLoadSettings(
+            n_ctx=n_ctx,
+            gpu_layers=gpu_layers,
+            n_threads=n_threads,
+            weight_repacking=weight_repacking,
+        )
         return LlamaEngine(path, settings, is_draft=is_draft, progress=progress)
     if kind == "mlx":
         if importlib.util.find_spec("mlx_lm") is None:
@@ -53,6 +63,7 @@ def open_engine(
             )
         from backends.mlx_engine import MlxEngine
 
-        # gpu_layers and n_threads do not apply: MLX keeps every layer on its one device.
+        # gpu_layers, n_threads and weight repacking do not apply: MLX keeps every layer on
+        # its one device.
         return MlxEngine(path, n_ctx=n_ctx, is_draft=is_draft, progress=progress)
     raise SettingsError(f"unknown engine {kind!r}; choose llama.cpp or mlx")

@@ -6,6 +6,8 @@ import ctypes
 import functools
 import logging
 import os
+import re
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,6 +20,9 @@ log = logging.getLogger(__name__)
 
 # ggml_backend_dev_type values (ggml-backend.h)
 _DEVICE_TYPE_NAMES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator"}
+# Load this one CPU variant of a GGML_BACKEND_DL build (e.g. "zen4", "haswell") instead of
+# the best for this CPU: how the bundle's check runs a CPU without AMX's kernels here.
+CPU_VARIANT_ENV = "SPECDECK_CPU_VARIANT"
 # Backend names as the user knows them, matched against ggml's registry names.
 _GPU_BACKEND_NAMES = ("CUDA", "ROCm", "HIP", "Vulkan", "Metal", "SYCL", "OpenCL", "CANN", "MUSA")
 
@@ -46,6 +51,15 @@ class LlamaBuildInfo:
     supports_gpu_offload: bool
     devices: tuple[ComputeDevice, ...]
     system_info: str
+    # The CPU library a GGML_BACKEND_DL build picked ("sapphirerapids", "zen4", ...).
+    cpu_variant: str | None = None
+
+    @property
+    def backend_label(self) -> str:
+        """The backend as a load report names it, e.g. "CPU (zen4)"."""
+        if self.backend == "CPU" and self.cpu_variant:
+            return f"CPU ({self.cpu_variant})"
+        return self.backend
 
 
 def _ggml_device_functions() -> ctypes.CDLL | None:
@@ -124,6 +138,7 @@ def load_ggml_backends() -> int:
     Builds with GGML_BACKEND_DL (the desktop bundle's: one CPU library per instruction set,
     picked at run time) register nothing until their backends are loaded, and llama.cpp only
     looks next to the executable, which in a bundle is not where llama_cpp/lib is.
+    ``$SPECDECK_CPU_VARIANT`` loads that one CPU library instead of the best one.
     """
     lib = _ggml_device_functions()
     if lib is None:
@@ -134,16 +149,33 @@ def load_ggml_backends() -> int:
         if lib.ggml_backend_reg_count() == 0:
             from llama_cpp import _ggml
 
-            lib.ggml_backend_load_all_from_path.restype = None
-            lib.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
             folder = os.path.dirname(_ggml.libggml._name)
-            lib.ggml_backend_load_all_from_path(os.fsencode(folder))
+            variant = os.environ.get(CPU_VARIANT_ENV)
+            if variant:
+                _load_cpu_variant(lib, folder, variant)
+            else:
+                lib.ggml_backend_load_all_from_path.restype = None
+                lib.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+                lib.ggml_backend_load_all_from_path(os.fsencode(folder))
             if lib.ggml_backend_reg_count() == 0:
                 log.warning("no llama.cpp backend could be loaded from %s", folder)
         return int(lib.ggml_backend_reg_count())
     except AttributeError as error:
         log.debug("libggml cannot load backends: %s", error)
         return 0
+
+
+def _load_cpu_variant(lib: ctypes.CDLL, folder: str, variant: str) -> None:
+    suffix = {"win32": ".dll", "darwin": ".so"}.get(sys.platform, ".so")
+    prefix = "" if sys.platform == "win32" else "lib"
+    path = os.path.join(folder, f"{prefix}ggml-cpu-{variant}{suffix}")
+    if not os.path.exists(path):
+        raise OSError(f"{CPU_VARIANT_ENV}={variant}: no CPU variant library {path}")
+    lib.ggml_backend_load.restype = ctypes.c_void_p
+    lib.ggml_backend_load.argtypes = [ctypes.c_char_p]
+    if not lib.ggml_backend_load(os.fsencode(path)):
+        raise OSError(f"{CPU_VARIANT_ENV}={variant}: {path} does not load on this CPU")
+    log.info("loaded the CPU variant %s as asked", path)
 
 
 @functools.cache
@@ -157,7 +189,22 @@ def llama_build_info() -> LlamaBuildInfo:
     devices = _list_devices()
     supports_offload = bool(llama_cpp.llama_supports_gpu_offload())
     backend = _backend_name(devices, system_info) if supports_offload else "CPU"
-    return LlamaBuildInfo(backend, supports_offload, devices, system_info.strip())
+    return LlamaBuildInfo(
+        backend, supports_offload, devices, system_info.strip(), _loaded_cpu_variant()
+    )
+
+
+_CPU_VARIANT_LIBRARY = re.compile(r"ggml-cpu-([\w-]+)\.(?:so|dll|dylib)")
+
+
+def _loaded_cpu_variant() -> str | None:
+    """Which CPU variant library this process has loaded (Linux; None elsewhere or unknown)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            found = _CPU_VARIANT_LIBRARY.search(maps.read())
+    except OSError:
+        return None
+    return found.group(1) if found else None
 
 
 # Beyond weights and KV cache: compute buffers, the runtime, Python (measured ~150 MB with

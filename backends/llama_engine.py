@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,6 +18,13 @@ from backends.engine import ChatMessage, LoadReport, LogitRows, VocabFacts, prob
 from backends.errors import ContextOverflowError, EngineError, ModelFileError, SettingsError
 from backends.gguf_info import read_model_info
 from backends.hardware import llama_build_info, load_ggml_backends, physical_cores
+from backends.load_guard import SAFEST, RiskySettings, checkpoint
+from backends.weight_placement import (
+    WEIGHT_REPACKING_MODES,
+    WeightPlan,
+    WeightRepacking,
+    apply_plan,
+)
 
 log = logging.getLogger(__name__)
 native_log = logging.getLogger("backends.llama_engine.native")
@@ -36,6 +44,9 @@ _GGML_LOG_WARN = 3
 _GGML_LOG_CONT = 5
 
 LoadProgress = Callable[[float], None]
+# llama.cpp logs where each model's weights went: "load_tensors: CPU_REPACK model buffer size
+# = 580.00 MiB" (the buffer type's name, then its size).
+_MODEL_BUFFER_LINE = re.compile(r"(\S+) model buffer size\s*=")
 
 
 @dataclass(frozen=True)
@@ -46,19 +57,26 @@ class LlamaLoadSettings:
     n_batch: int = DEFAULT_BATCH_SIZE
     gpu_layers: int = ALL_LAYERS  # -1 = all; ignored by CPU-only builds
     n_threads: int | None = None  # None = all physical cores
-    # llama.cpp repacks CPU weights for faster kernels (about 25% faster single-token steps
-    # on AVX-512), at the price of batched logits that differ from single-token ones from a
-    # smaller batch size on; the exactness probe below measures where.
-    weight_repack: bool = True
+    # Repacked CPU weights (llama.cpp's extra buffer types; never AMX, see
+    # backends/weight_placement.py) change which batches reproduce single-token logits;
+    # the exactness probe below measures where. "auto" is SpecDeck's measured choice.
+    weight_repacking: WeightRepacking = "auto"
     # Measure at load the largest batch whose logits equal single-token logits bitwise, so
     # that greedy verification can stay exactly plain decoding.
     probe_exact_batch: bool = True
-    # On the CPU, keep K in F32 and V in F16. llama.cpp's CPU flash attention has faster
+    # On the CPU, keep K in F16 and V in Q8_0. llama.cpp's CPU flash attention has faster
     # paths for equal K/V types (split-KV for one token past 512 cached tokens, tiles from
     # 64 query rows) whose rounding differs from the path batches take; with differing
     # types every batch size and context length takes one path, so verification stays
-    # bitwise plain decoding at any length. Costs twice the K-cache memory, no speed here.
+    # bitwise plain decoding at any length. (F32 is no option: llama.cpp's flash
+    # attention turns an F32 cache back into F16.) Slower plain decoding on tiny models at
+    # long contexts (README), little on the 1.5B.
     single_path_attention: bool = True
+
+    @property
+    def risky(self) -> RiskySettings:
+        """The settings a native crash while loading can depend on."""
+        return RiskySettings(self.weight_repacking, self.gpu_layers, self.n_threads)
 
     def __post_init__(self) -> None:
         if self.n_ctx < 0:
@@ -69,6 +87,11 @@ class LlamaLoadSettings:
             raise SettingsError(f"gpu_layers must be -1 (all) or >= 0, got {self.gpu_layers}")
         if self.n_threads is not None and self.n_threads < 1:
             raise SettingsError(f"n_threads must be >= 1, got {self.n_threads}")
+        if self.weight_repacking not in WEIGHT_REPACKING_MODES:
+            choices = ", ".join(WEIGHT_REPACKING_MODES)
+            raise SettingsError(
+                f"weight repacking must be one of {choices}, got {self.weight_repacking!r}"
+            )
 
 
 class _NativeLog:
@@ -78,6 +101,7 @@ class _NativeLog:
         import llama_cpp
 
         self.recent_errors: list[str] = []
+        self.weight_buffers: list[str] = []  # "<type> model buffer size" lines of a load
         self._lock = threading.Lock()
         self._line = ""
         self._line_level = _GGML_LOG_DEBUG
@@ -95,12 +119,21 @@ class _NativeLog:
             if not self._line.endswith("\n"):
                 return
             line, self._line = self._line.strip(), ""
+            buffer = _MODEL_BUFFER_LINE.search(line)
+            if buffer is not None:
+                self.weight_buffers.append(buffer.group(1))
         if level >= _GGML_LOG_WARN:
             with self._lock:
                 self.recent_errors = [*self.recent_errors[-9:], line]
             native_log.warning("%s", line)
         else:
             native_log.debug("%s", line)
+
+    def take_weight_buffers(self) -> tuple[str, ...]:
+        """The buffer types weights were loaded into since the last call, e.g. CPU_REPACK."""
+        with self._lock:
+            buffers, self.weight_buffers = self.weight_buffers, []
+        return tuple(dict.fromkeys(buffers))
 
     def take_errors(self) -> str:
         with self._lock:
@@ -143,15 +176,17 @@ class LlamaEngine:
         self.info = read_model_info(self.path)  # clear errors for missing/corrupt files first
         native = _init_llama()
         native.take_errors()
+        native.take_weight_buffers()
         build = llama_build_info()
         started = time.perf_counter()
+        self.weight_plan = apply_plan(WeightPlan.choose(self.settings.weight_repacking))
 
         model_params = llama_cpp.llama_model_default_params()
         # The draft always goes fully onto the GPU: it runs k times per round, so any layer
         # left on the CPU costs more than it saves in GPU memory.
         gpu_layers = ALL_LAYERS if is_draft else self.settings.gpu_layers
         model_params.n_gpu_layers = 999 if gpu_layers == ALL_LAYERS else gpu_layers
-        model_params.use_extra_bufts = self.settings.weight_repack
+        model_params.use_extra_bufts = self.weight_plan.repack
         self._progress_callback = None
         if progress is not None:
             report = progress
@@ -213,11 +248,14 @@ class LlamaEngine:
         self._vocab_facts = self._read_vocab_facts()
         self._template = ChatTemplate(self.info.chat_template, self.info.name)
         self._exact_batch_limit: int | None = None
+        weight_buffers = native.take_weight_buffers()
         if self.settings.probe_exact_batch and not is_draft:
+            # The first forward pass: where a broken CPU kernel crashes.
+            checkpoint("main-probe", self.path, safe=self.settings.risky == SAFEST)
             self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, self._n_batch)
         self._load_report = LoadReport(
             model_name=self.info.name,
-            backend=build.backend,
+            backend=build.backend_label,
             n_layers=n_layers,
             gpu_layers=offloaded,
             kv_cache_on_gpu=build.supports_gpu_offload and offloaded > 0,
@@ -226,6 +264,8 @@ class LlamaEngine:
             # Until the probe was done: that is what the user waited for.
             load_seconds=time.perf_counter() - started,
             unified_memory=build.backend == "Metal",
+            notes=(self.weight_plan.note,),
+            weight_buffers=weight_buffers,
         )
         log.info("loaded %s: %s", self.info.name, self._load_report.placement)
 

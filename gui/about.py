@@ -13,6 +13,7 @@ from PySide6.QtCore import qVersion
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from backends.paths import models_dir, user_data_dir
+from backends.weight_placement import WeightPlan, cpu_model_name, has_amx
 from gui.app import APP_NAME, app_version
 
 BUILD_INFO_FILE = "build_info.json"
@@ -30,8 +31,14 @@ def build_info() -> dict[str, str]:
     return {str(key): str(value) for key, value in raw.items()}
 
 
-def about_lines(engine_backend: str | None = None) -> list[tuple[str, str]]:
-    """The About box's rows, label and value."""
+def about_lines(
+    engine_backend: str | None = None, weights: str | None = None
+) -> list[tuple[str, str]]:
+    """The About box's rows, label and value.
+
+    ``weights``: what the loaded main model's report says of its weights; without a loaded
+    model, what SpecDeck would choose on this CPU.
+    """
     info = build_info()
     rows = [("Version", app_version())]
     if info:
@@ -49,6 +56,8 @@ def about_lines(engine_backend: str | None = None) -> list[tuple[str, str]]:
         rows.append(("Build", "development checkout"))
     if engine_backend:
         rows.append(("Engine backend", engine_backend))
+    rows.append(("CPU", f"{cpu_model_name()}, {'with' if has_amx() else 'without'} AMX"))
+    rows.append(("Weights", weights or WeightPlan.choose("auto").note))
     rows += [
         ("Qt", f"{qVersion()} (PySide6 {pyside_version})"),
         ("Python", f"{platform.python_version()} on {platform.system()} {platform.machine()}"),
@@ -58,11 +67,13 @@ def about_lines(engine_backend: str | None = None) -> list[tuple[str, str]]:
     return rows
 
 
-def show_about(parent: QWidget, engine_backend: str | None = None) -> None:
+def show_about(
+    parent: QWidget, engine_backend: str | None = None, weights: str | None = None
+) -> None:
     """Open the About box."""
     rows = "".join(
         f"<tr><td><b>{html.escape(label)}</b>&nbsp;&nbsp;</td><td>{html.escape(value)}</td></tr>"
-        for label, value in about_lines(engine_backend)
+        for label, value in about_lines(engine_backend, weights)
     )
     QMessageBox.about(
         parent,

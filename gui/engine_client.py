@@ -3,7 +3,8 @@
 Nothing here blocks: commands are written to the child's stdin, events arrive through
 ``readyReadStandardOutput`` on the main thread and are turned into typed signals. When the
 child dies without being asked to (a native abort in llama.cpp, the OOM killer, a kill),
-``crashed`` says so with the last lines the child logged; the window stays.
+``crashed`` says so in one line, with the load that was under way and the step it had
+reached (the child announces each risky step before it runs it); the window stays.
 """
 
 from __future__ import annotations
@@ -26,14 +27,18 @@ from backends.engine_protocol import (
     tokens_from_wire,
 )
 from backends.hardware import ComputeDevice
+from backends.load_guard import signal_name
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from backends.engine_protocol import GenerateRequest, LoadRequest
 
 log = logging.getLogger("gui.engine")
 
 STDERR_LINES_KEPT = 40
 QUIT_GRACE_MS = 3000  # how long a quitting engine may take to free its models
+FATAL_ERROR_PREFIX = "Fatal Python error:"  # faulthandler's first line after a native crash
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,28 @@ class LoadedPair:
     load_seconds: float = 0.0  # the whole load: models, probes, calibration
 
 
+@dataclass(frozen=True)
+class LoadInFlight:
+    """A load the engine process was asked for and has not finished: how far it got."""
+
+    request: LoadRequest
+    stage: str = ""  # the last load step the process announced (backends.load_guard)
+    model: str = ""  # the model that step was for
+
+    @property
+    def model_path(self) -> str:
+        """The model being loaded when the process died (the main one before any step)."""
+        return self.model or self.request.main_path
+
+
+@dataclass(frozen=True)
+class EngineDeath:
+    """How the engine process died, and the load it was in the middle of."""
+
+    cause: str  # e.g. "SIGSEGV: Segmentation fault", "exit code 1"
+    loading: LoadInFlight | None = None
+
+
 def engine_command() -> list[str]:
     """How to start the engine process: the frozen app runs it with a flag, else a module."""
     if getattr(sys, "frozen", False):
@@ -57,7 +84,13 @@ def engine_command() -> list[str]:
 
 
 def _report(raw: dict[str, Any]) -> LoadReport:
-    return LoadReport(**{**raw, "notes": tuple(raw.get("notes", ()))})
+    return LoadReport(
+        **{
+            **raw,
+            "notes": tuple(raw.get("notes", ())),
+            "weight_buffers": tuple(raw.get("weight_buffers", ())),
+        }
+    )
 
 
 class EngineClient(QObject):
@@ -74,7 +107,8 @@ class EngineClient(QObject):
         compared(int, object, object): request id, speedup (float or None), identical
             (bool, or None above temperature 0).
         failed(str, object): a one-line error, and the request id it ends (or None).
-        crashed(str): the process ended without being asked to; a one-line message.
+        crashed(str, object): the process ended without being asked to; a one-line
+            message, and an EngineDeath (the cause, and the load under way if any).
     """
 
     ready = Signal(list)
@@ -86,16 +120,19 @@ class EngineClient(QObject):
     run_finished = Signal(int, str, list, object)
     compared = Signal(int, object, object)
     failed = Signal(str, object)
-    crashed = Signal(str)
+    crashed = Signal(str, object)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._process: QProcess | None = None
         self._buffer = b""
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES_KEPT)
+        self._fatal_error = ""  # Python's "Fatal Python error: ..." line, however long the log
+        self._log_buffer = b""
         self._stopping = False
         self._next_request_id = 1
         self.engines: list[str] = []
+        self.load_in_flight: LoadInFlight | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -120,6 +157,8 @@ class EngineClient(QObject):
             return
         self._buffer = b""
         self._stderr_tail.clear()
+        self._fatal_error = ""
+        self._log_buffer = b""
         self._stopping = False
         process = QProcess(self)
         environment = QProcessEnvironment.systemEnvironment()
@@ -154,6 +193,7 @@ class EngineClient(QObject):
     def load(self, request: LoadRequest) -> None:
         """Load a model pair (starting the process if needed)."""
         self.start()
+        self.load_in_flight = LoadInFlight(request)
         self._send(load_command(request))
 
     def unload(self) -> None:
@@ -204,6 +244,11 @@ class EngineClient(QObject):
                 tokens_from_wire(event["tokens"]),
                 stats_from_wire(event["stats"]),
             )
+        elif kind == "load_stage":
+            if self.load_in_flight is not None:
+                self.load_in_flight = LoadInFlight(
+                    self.load_in_flight.request, str(event["stage"]), str(event["model"])
+                )
         elif kind == "load_progress":
             self.load_progress.emit(float(event["fraction"]), str(event["message"]))
         elif kind == "started":
@@ -218,6 +263,7 @@ class EngineClient(QObject):
         elif kind == "compared":
             self.compared.emit(event["request_id"], event["speedup"], event["identical"])
         elif kind == "loaded":
+            self.load_in_flight = None
             draft = event["draft"]
             self.loaded.emit(
                 LoadedPair(
@@ -233,6 +279,8 @@ class EngineClient(QObject):
         elif kind == "unloaded":
             self.unloaded.emit()
         elif kind == "error":
+            if event.get("request_id") is None:
+                self.load_in_flight = None  # a load (or unload) that failed cleanly
             self.failed.emit(str(event["message"]), event.get("request_id"))
         elif kind == "ready":
             self.engines = list(event["engines"])
@@ -240,29 +288,50 @@ class EngineClient(QObject):
         else:
             log.warning("unknown engine event %r", kind)
 
-    def _read_log(self) -> None:
+    def _read_log(self, *, final: bool = False) -> None:
         if self._process is None:
             return
-        text = bytes(self._process.readAllStandardError().data()).decode("utf-8", "replace")
-        for line in text.splitlines():
+        # Output arrives in chunks that may end mid-line: keep the unfinished line.
+        self._log_buffer += bytes(self._process.readAllStandardError().data())
+        *complete, self._log_buffer = self._log_buffer.split(b"\n")
+        if final:
+            complete, self._log_buffer = [*complete, self._log_buffer], b""
+        for raw in complete:
+            line = raw.decode("utf-8", "replace")
             if line.strip():
                 self._stderr_tail.append(line.rstrip())
+                if line.startswith(FATAL_ERROR_PREFIX):
+                    self._fatal_error = line.strip()
                 log.debug("engine: %s", line.rstrip())
 
     def _on_finished(self, exit_code: int, status: QProcess.ExitStatus) -> None:
         self._read_events()
+        self._read_log(final=True)
+        loading, self.load_in_flight = self.load_in_flight, None
         if self._stopping:
             return
         if status == QProcess.ExitStatus.CrashExit:
-            how = "crashed"
+            how, cause = f"crashed ({signal_name(exit_code)})", signal_name(exit_code)
         else:
-            how = f"exited with code {exit_code}"
-        detail = next((line for line in reversed(self._stderr_tail) if line.strip()), "")
+            how = cause = f"exited with code {exit_code}"
+        detail = crash_detail([*self._stderr_tail, self._fatal_error])[-200:]
         message = f"the engine process {how}"
         if detail:
-            message += f": {detail[-200:]}"
-        self.crashed.emit(message)
+            message += f": {detail}"
+            cause += f": {detail}"
+        self.crashed.emit(message, EngineDeath(cause, loading))
 
     def _on_error(self, error: QProcess.ProcessError) -> None:
         if error == QProcess.ProcessError.FailedToStart:
-            self.crashed.emit(f"the engine process could not start ({' '.join(engine_command())})")
+            loading, self.load_in_flight = self.load_in_flight, None
+            message = f"the engine process could not start ({' '.join(engine_command())})"
+            self.crashed.emit(message, EngineDeath(message, loading))
+
+
+def crash_detail(log_lines: Iterable[str]) -> str:
+    """What a dead engine's last log lines say: Python's fatal-error line, else the last line."""
+    lines = [line.strip() for line in log_lines if line.strip()]
+    for line in reversed(lines):
+        if line.startswith(FATAL_ERROR_PREFIX):
+            return line.removeprefix(FATAL_ERROR_PREFIX).strip()
+    return lines[-1] if lines else ""

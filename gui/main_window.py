@@ -3,7 +3,9 @@
 The window owns no model: an :class:`EngineClient` runs them in a child process, and every
 answer streams in as signals on the GUI thread. The chat history is written to SQLite
 before and while an answer is generated, so a crash of the engine (or of the app) loses
-nothing already on screen.
+nothing already on screen. A crash while loading is recorded (backends.load_guard) and the
+load is tried once more with the safest settings; the record keeps the next start, and
+"Reload models", from walking into the same crash.
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ from backends.catalog import CatalogScan, default_model_folders, scan_models
 from backends.engine import ChatMessage
 from backends.engine_protocol import GenerateRequest, LoadRequest
 from backends.errors import SpecDeckError
+from backends.load_guard import (
+    SAFEST,
+    SAFEST_DESCRIPTION,
+    CrashRecords,
+    LoadRefusedError,
+    avoided_crash_note,
+    crash_message,
+)
 from backends.paths import user_data_dir
 from gui.about import show_about
 from gui.background import BackgroundTask
@@ -38,7 +48,7 @@ from gui.chat_pane import ChatPane
 from gui.chat_store import ChatStore, HistoryError
 from gui.compare_view import CompareView
 from gui.conversation_list import ConversationList
-from gui.engine_client import EngineClient, LoadedPair
+from gui.engine_client import EngineClient, EngineDeath, LoadedPair
 from gui.first_run import FirstRunDialog
 from gui.meter import AcceptanceMeter
 from gui.settings import AppSettings, extra_model_folders, generation_settings
@@ -102,10 +112,13 @@ class MainWindow(QMainWindow):
     Signals:
         answer_finished(str): an answer ended; its state ("complete", "cancelled", "error").
         models_loaded(): the engine reported a loaded pair.
+        load_gave_up(str): a load ended without models and nothing more will be tried
+            (an error, a refusal, or a crash with the safest settings); the one-line reason.
     """
 
     answer_finished = Signal(str)
     models_loaded = Signal()
+    load_gave_up = Signal(str)
 
     def __init__(
         self,
@@ -122,7 +135,10 @@ class MainWindow(QMainWindow):
         self.offer_first_run = offer_first_run
         self.catalog: CatalogScan | None = None
         self.loaded: LoadedPair | None = None
-        self.last_load: LoadRequest | None = None
+        self.last_load: LoadRequest | None = None  # as the user asked for it
+        self.crash_records = CrashRecords()
+        self._load_notes: tuple[str, ...] = ()  # why the load differs from what was asked
+        self._retried_crash = ""  # the crash the load under way retries after
         self.answer: _Answer | None = None
         self.conversation_id: int | None = None
         self._scan_task: BackgroundTask | None = None
@@ -241,6 +257,9 @@ class MainWindow(QMainWindow):
         quit_action.setShortcut(QKeySequence.StandardKey.Quit)
         quit_action.triggered.connect(self.close)
         help_menu = self.menuBar().addMenu("&Help")
+        forget = help_menu.addAction("&Forget load crashes")
+        forget.setToolTip("Let SpecDeck try settings that crashed the engine while loading again")
+        forget.triggered.connect(self.forget_load_crashes)
         about = help_menu.addAction(f"&About {self.windowTitle()}")
         about.triggered.connect(self.show_about)
 
@@ -328,17 +347,39 @@ class MainWindow(QMainWindow):
         else:
             self.rescan_models()
 
-    def load_models(self, request: object) -> None:
-        """Load the pair the sidebar asked for in the engine process."""
+    def load_models(self, request: object, *, keep_banner: bool = False) -> None:
+        """Load the pair the sidebar asked for in the engine process.
+
+        Settings that crashed the engine for one of these models on this CPU are replaced
+        by the safest ones (and the load report says why); a pair that crashed even so is
+        refused with a one-line message.
+        """
         assert isinstance(request, LoadRequest)
         self.last_load = request
-        self.crash_banner.hide()
+        if not keep_banner:
+            self.crash_banner.hide()
         self.loaded = None
-        self.sidebar.set_loading(True)
         self.sidebar.clear_error()
-        self.client.load(request)
+        try:
+            settings, crash = self.crash_records.choose(request.models, request.risky)
+        except LoadRefusedError as error:
+            self.crash_banner.hide()
+            self.sidebar.set_loading(False)
+            self.sidebar.set_unloaded()
+            self.sidebar.show_error(str(error))
+            self._update_controls()
+            self.load_gave_up.emit(str(error))
+            return
+        self._load_notes = (avoided_crash_note(crash),) if crash is not None else ()
+        self.sidebar.set_loading(True)
+        self.client.load(request.with_risky(settings))
         self.status.set_engine_pid(self.client.pid)
         self._update_controls()
+
+    def forget_load_crashes(self) -> None:
+        """Drop the crash records, so that settings that crashed may be tried again."""
+        count = self.crash_records.forget()
+        self.statusBar().showMessage(f"Forgot {count} load crash{'es' if count != 1 else ''}", 4000)
 
     def unload_models(self) -> None:
         """Free the models (the engine process stays, empty)."""
@@ -355,7 +396,16 @@ class MainWindow(QMainWindow):
     def _on_loaded(self, pair: object) -> None:
         assert isinstance(pair, LoadedPair)
         self.loaded = pair
-        self.sidebar.set_loaded(pair.main, pair.draft, pair.load_seconds or None)
+        self.sidebar.set_loaded(
+            pair.main, pair.draft, pair.load_seconds or None, extra_notes=self._load_notes
+        )
+        if self._retried_crash:
+            self.crash_label.setText(
+                f"⚠ {self._retried_crash}. Loaded again with the safest settings "
+                f"({SAFEST_DESCRIPTION})."
+            )
+            self.reload_button.hide()  # the retry worked: nothing to reload
+        self._retried_crash = ""
         self.status.set_engine_pid(self.client.pid)
         self.status.set_gpu(_gpu_summary(pair))
         self._update_controls()
@@ -586,10 +636,15 @@ class MainWindow(QMainWindow):
         if self.loaded is None:
             self.sidebar.set_loading(False)
             self.sidebar.set_unloaded()
+            self.load_gave_up.emit(message)
         self.sidebar.show_error(message)
         self._update_controls()
 
-    def _on_engine_crashed(self, message: str) -> None:
+    def _on_engine_crashed(self, message: str, death: object) -> None:
+        assert isinstance(death, EngineDeath)
+        if death.loading is not None:
+            self._on_load_crashed(death)
+            return
         self.loaded = None
         self.sidebar.set_loading(False)
         self.sidebar.set_unloaded()
@@ -603,6 +658,37 @@ class MainWindow(QMainWindow):
         self.reload_button.setVisible(self.last_load is not None)
         self.crash_banner.show()
         self._update_controls()
+
+    def _on_load_crashed(self, death: EngineDeath) -> None:
+        """Record the crash; retry once with the safest settings unless those crashed."""
+        loading = death.loading
+        assert loading is not None
+        self.loaded = None
+        self.status.set_engine_pid(None)
+        self.status.set_gpu("No model loaded")
+        settings = loading.request.risky
+        self.crash_records.record(loading.model_path, settings, loading.stage, death.cause)
+        crash = crash_message(loading.model_path, loading.stage, settings, death.cause)
+        crash = crash[0].upper() + crash[1:]
+        retry = settings != SAFEST and self.last_load is not None
+        self._retried_crash = crash if retry else ""
+        if retry:
+            text = f"{crash}. Retrying once with the safest settings ({SAFEST_DESCRIPTION})."
+        else:
+            text = (
+                f"{crash}. Nothing safer is left to try: SpecDeck will not load it this way again."
+            )
+        self.crash_label.setText(f"⚠ {text}")
+        self.reload_button.hide()
+        self.crash_banner.show()
+        if retry and self.last_load is not None:
+            # The records now hold the crash: the same request loads with the safest settings.
+            self.load_models(self.last_load, keep_banner=True)
+            return
+        self.sidebar.set_loading(False)
+        self.sidebar.set_unloaded()
+        self._update_controls()
+        self.load_gave_up.emit(text)
 
     # -- settings and state ------------------------------------------------------------------
 
@@ -647,7 +733,11 @@ class MainWindow(QMainWindow):
 
     def show_about(self) -> None:
         """The About box (version, build, engine backend, data folders)."""
-        show_about(self, self.loaded.main.backend if self.loaded is not None else None)
+        if self.loaded is None:
+            show_about(self)
+            return
+        notes = (note for note in self.loaded.main.notes if note.startswith("weight repacking"))
+        show_about(self, self.loaded.main.backend, next(notes, None))
 
     def shutdown(self) -> None:
         """Save what streams, stop the engine, close the history (idempotent)."""

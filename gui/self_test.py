@@ -33,8 +33,13 @@ def default_self_test_model() -> Path | None:
     return model_path(SMALL_TEST_KEY)
 
 
-def _wait(signal: SignalInstance, timeout_ms: int) -> list[object] | None:
-    """Run the event loop until ``signal`` fires; its arguments, or None on timeout."""
+def _wait(
+    signal: SignalInstance, timeout_ms: int, *, unless: SignalInstance | None = None
+) -> list[object] | None:
+    """Run the event loop until ``signal`` fires; its arguments, or None on timeout.
+
+    ``unless`` ends the wait at once too (a load that gave up), also returning None.
+    """
     from PySide6.QtCore import QEventLoop, QTimer
 
     loop = QEventLoop()
@@ -45,12 +50,16 @@ def _wait(signal: SignalInstance, timeout_ms: int) -> list[object] | None:
         loop.quit()
 
     signal.connect(done)
+    if unless is not None:
+        unless.connect(loop.quit)
     timer = QTimer(loop)
     timer.setSingleShot(True)
     timer.timeout.connect(loop.quit)
     timer.start(timeout_ms)
     loop.exec()
     signal.disconnect(done)
+    if unless is not None:
+        unless.disconnect(loop.quit)
     return received[0] if received else None
 
 
@@ -91,13 +100,19 @@ def _self_test_in_window(main: Path, draft: Path) -> int:
     failures: list[str] = []
     errors: list[str] = []
     window.client.failed.connect(lambda message, _request: errors.append(message))
-    window.client.crashed.connect(errors.append)
+    window.client.crashed.connect(lambda message, _death: errors.append(message))
+    window.load_gave_up.connect(errors.append)
     try:
         window.load_when_scanned()
-        if _wait(window.models_loaded, SELF_TEST_TIMEOUT_MS) is None:
-            print(f"self-test: the models did not load: {'; '.join(errors)}", file=sys.stderr)
+        # An engine that dies while loading is retried once; when that is over too, the
+        # window gives up at once and so does the self-test (never waits out the timeout).
+        if _wait(window.models_loaded, SELF_TEST_TIMEOUT_MS, unless=window.load_gave_up) is None:
+            reasons = "; ".join(dict.fromkeys(errors)) or "no answer from the engine"
+            print(f"self-test: FAILED: the models did not load: {reasons}", file=sys.stderr)
             return 1
         placement = window.sidebar.placement_text()
+        if window.crash_banner.isVisible():
+            print(f"self-test: {window.crash_label.text()}", file=sys.stderr)
         drafted: list[str] = []
         window.client.tokens_arrived.connect(
             lambda _id, _run, tokens, _stats: drafted.extend(

@@ -587,9 +587,14 @@ class Sidebar(QWidget):
         self._progress_label.setVisible(bool(message))
 
     def set_loaded(
-        self, main: LoadReport, draft: LoadReport | None, seconds: float | None = None
+        self,
+        main: LoadReport,
+        draft: LoadReport | None,
+        seconds: float | None = None,
+        *,
+        extra_notes: tuple[str, ...] = (),
     ) -> None:
-        """Show the loaded pair, how long the load took and where its layers went."""
+        """Show the loaded pair, how long the load took, where its layers went and why."""
         self._state = "loaded"
         self._loaded_request = self._requested
         self._progress_bar.hide()
@@ -598,8 +603,9 @@ class Sidebar(QWidget):
         lines = [f"Main: {main.placement}"]
         if draft is not None:
             lines.append(f"Draft: {draft.placement}")
-        notes = [*main.notes, *(draft.notes if draft is not None else ())]
-        lines.extend(dict.fromkeys(notes))  # a note both models share is said once
+        notes = [*extra_notes, *main.notes, *(draft.notes if draft is not None else ())]
+        # A note both models share is said once; a bullet each keeps wrapped notes apart.
+        lines.extend(f"{NOTE_BULLET}{note}" for note in dict.fromkeys(notes))
         if seconds is None:
             seconds = main.load_seconds + (draft.load_seconds if draft is not None else 0.0)
         self._status_label.setText(f"● Loaded in {seconds:.1f} s")
@@ -891,6 +897,9 @@ class Sidebar(QWidget):
             return self.load_request() != self._loaded_request
         except SettingsError:
             return True
+
+
+NOTE_BULLET = "• "
 
 
 def _heading(text: str) -> QLabel:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import TYPE_CHECKING
 
 import pytest
+
+from backends.load_guard import CRASH_AT_ENV, CRASH_RECORDS_FILE
+from backends.paths import DATA_DIR_ENV
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -15,9 +19,16 @@ if TYPE_CHECKING:
 BENCH = [sys.executable, "-m", "backends.bench"]
 
 
-def run_bench(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_bench(
+    *args: str | Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*BENCH, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False
+        [*BENCH, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -188,3 +199,61 @@ def test_suite_table_and_json(smollm_path: Path) -> None:
     assert table.returncode == 0, table.stderr
     assert "draft lengths" in table.stdout
     assert "auto, fast" in table.stdout
+
+
+def _crashing(tmp_path: Path, crash_at: str | None) -> dict[str, str]:
+    env = {DATA_DIR_ENV: str(tmp_path / "data")}
+    if crash_at is not None:
+        env[CRASH_AT_ENV] = crash_at
+    return env
+
+
+def test_a_crash_while_loading_is_retried_once_with_the_safest_settings(
+    smollm_path: Path, tmp_path: Path
+) -> None:
+    args = ("--main", smollm_path, "--draft", smollm_path, "--max-tokens", "16", "--json")
+    done = run_bench(*args, env=_crashing(tmp_path, "main-probe:unless-safe"))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 2, done.stderr  # the crash, then the retry saying how it loads
+    assert lines[1].startswith("specdeck-bench: safest settings: SmolLM2-135M")
+    assert lines[0].startswith("specdeck-bench: the engine crashed while running the main")
+    assert "(SmolLM2-135M-Instruct.Q4_1.gguf; weight repacking auto" in lines[0]
+    assert lines[0].endswith(
+        "retrying once with the safest settings (no weight repacking, "
+        "no GPU offload of the main model, default threads)"
+    )
+    load = json.loads(done.stdout)["load"]
+    assert any(note.startswith("safest settings") for note in load["notes"])
+    assert any(note.startswith("weight repacking off") for note in load["notes"])
+    # The next run remembers: safest settings at once, no crash, said in one line.
+    again = run_bench(*args, env=_crashing(tmp_path, "main-probe:unless-safe"))
+    assert again.returncode == 0, again.stderr
+    assert [line for line in again.stderr.splitlines() if line.strip()] == [
+        "specdeck-bench: " + load["notes"][0]
+    ]
+
+
+def test_a_crash_with_the_safest_settings_too_exits_3_then_refuses(
+    smollm_path: Path, tmp_path: Path
+) -> None:
+    args = ("--main", smollm_path, "--draft", smollm_path, "--max-tokens", "8")
+    done = run_bench(*args, env=_crashing(tmp_path, "main-model"))
+    assert done.returncode == 3
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 3, done.stderr
+    assert "retrying once with the safest settings" in lines[0]
+    assert lines[1].startswith("specdeck-bench: safest settings: SmolLM2-135M")
+    assert lines[2].startswith("specdeck-bench: error: the engine crashed while loading the main")
+    assert lines[2].endswith("nothing safer is left to try")
+    assert_one_line_error(
+        run_bench(*args, env=_crashing(tmp_path, None)), "will not load it again by itself"
+    )
+
+
+def test_a_crash_after_loading_is_one_line_and_exit_3(smollm_path: Path, tmp_path: Path) -> None:
+    args = ("--main", smollm_path, "--draft", smollm_path, "--max-tokens", "8")
+    done = run_bench(*args, env=_crashing(tmp_path, "loaded"))
+    assert done.returncode == 3
+    assert_one_line_error(done, "the engine crashed (SIGSEGV) after loading")
+    assert not (tmp_path / "data" / CRASH_RECORDS_FILE).exists()

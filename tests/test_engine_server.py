@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -21,12 +22,15 @@ from backends.engine_protocol import (
     tokens_from_wire,
 )
 from backends.llama_engine import LlamaEngine, LlamaLoadSettings
+from backends.load_guard import CRASH_AT_ENV
 from backends.speculative import GenerationSettings, SpeculativeDecoder, TokenOrigin
 from tests.conftest import TEST_CONTEXT
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
+
+    from backends.methods import SpeculationMethod
 
 EVENT_TIMEOUT = 120.0
 QUESTION = "Write a Python function that checks whether a number is prime."
@@ -228,7 +232,7 @@ def test_native_output_never_reaches_the_event_stream(
     engine_process.send(load_command(LoadRequest(str(smollm_path), method="off")))
     events = engine_process.until("loaded", "error")
     # Every line parsed as a protocol event (the reader would have raised otherwise).
-    assert {e["type"] for e in events} <= {"load_progress", "loaded"}
+    assert {e["type"] for e in events} <= {"load_stage", "load_progress", "loaded"}
     assert engine_process.close() == 0
     assert engine_process.process.stderr is not None
     assert b"llama" in engine_process.process.stderr.read()
@@ -262,3 +266,43 @@ def test_a_model_of_the_other_engine_is_refused_by_name(
     engine_process.send(load_command(LoadRequest(str(tiny_mlx_main))))
     error = engine_process.until("error", "loaded")[-1]
     assert "is an MLX model; the llama.cpp engine reads GGUF models" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("crash_at", "method", "draft", "stages"),
+    [
+        ("main-model", "off", False, ["main-model"]),
+        ("main-probe", "off", False, ["main-model", "main-probe"]),
+        ("draft-model", "draft-model", True, ["main-model", "main-probe", "draft-model"]),
+        ("calibration", "auto", False, ["main-model", "main-probe", "calibration"]),
+    ],
+)
+def test_a_crash_while_loading_follows_the_announced_stage(
+    monkeypatch: pytest.MonkeyPatch,
+    smollm_path: Path,
+    crash_at: str,
+    method: SpeculationMethod,
+    draft: bool,
+    stages: list[str],
+) -> None:
+    monkeypatch.setenv(CRASH_AT_ENV, crash_at)
+    engine = EngineProcess()
+    try:
+        assert engine.next_event()["type"] == "ready"
+        request = LoadRequest(
+            str(smollm_path), str(smollm_path) if draft else None, method=method, n_ctx=1024
+        )
+        engine.send(load_command(request))
+        events = []
+        while (event := engine.events.get(timeout=EVENT_TIMEOUT)) is not None:
+            events.append(event)
+        assert [e["stage"] for e in events if e["type"] == "load_stage"] == stages
+        assert all(e["model"] == str(smollm_path) for e in events if e["type"] == "load_stage")
+        assert not any(e["type"] in ("loaded", "error") for e in events)
+        assert engine.process.wait(timeout=30) == -signal.SIGSEGV
+        assert engine.process.stderr is not None
+        assert b"Fatal Python error: Segmentation fault" in engine.process.stderr.read()
+    finally:
+        if engine.process.poll() is None:
+            engine.process.kill()
+            engine.process.wait()

@@ -2,7 +2,9 @@
 # Install the built .deb, check it as a user would get it, remove it again (needs root):
 # the .desktop file validates, the icons are in place, the installed app prints its version
 # and passes --self-test (the real window offscreen, a small model pair, one answer with
-# speculation), and removing the package leaves nothing behind.
+# speculation), and removing the package leaves nothing behind. On a CPU with AMX the
+# self-test runs twice: with the CPU library llama.cpp picks for it (Sapphire Rapids, whose
+# AMX kernels SpecDeck must keep out of use) and with the Zen 4 one, as on a CPU without AMX.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 deb=$(ls -t dist/specdeck_*.deb | head -1)
@@ -27,7 +29,31 @@ run_installed() {
         SPECDECK_MODELS_DIR="$models" "$@")
 }
 run_installed /usr/bin/specdeck --models fetch smollm2-135m-instruct-q4_1
-run_installed /usr/bin/specdeck --self-test
+cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo | head -n 1)
+if grep -qw amx_tile /proc/cpuinfo; then amx=yes; else amx=no; fi
+echo "check: self-test on ${cpu:-an unknown CPU} (AMX: $amx)"
+log=$(mktemp)
+run_installed /usr/bin/specdeck --self-test 2>&1 | tee "$log"
+grep -q "^self-test: ok" "$log"
+if [ "$amx" = yes ]; then
+    grep -q "Main: CPU (sapphirerapids)" "$log"
+    grep -q "AMX withheld: llama.cpp's AMX kernels crash on this CPU" "$log"
+    echo "check: self-test with the Zen 4 CPU library (no AMX kernels)"
+    run_installed SPECDECK_CPU_VARIANT=zen4 /usr/bin/specdeck --self-test 2>&1 | tee "$log"
+    grep -q "^self-test: ok" "$log"
+    grep -q "Main: CPU (zen4)" "$log"
+fi
+# A native crash of the installed engine while loading: one line, exit 1, within seconds.
+echo "check: self-test with the engine made to crash while loading"
+started=$(date +%s)
+if run_installed SPECDECK_CRASH_AT=main-probe /usr/bin/specdeck --self-test >"$log" 2>&1; then
+    echo "check: the self-test passed although its engine crashed" >&2
+    exit 1
+fi
+tail -n 1 "$log"
+grep -q "^self-test: FAILED: the models did not load: .*SIGSEGV: Segmentation fault" "$log"
+test $(($(date +%s) - started)) -lt 60
+rm -f "$log"
 echo "check: removing"
 DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq specdeck >/dev/null
 test ! -e /opt/specdeck && test ! -e /usr/bin/specdeck

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from backends.paths import DATA_DIR_ENV, MODELS_DIR_ENV, models_dir
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
+
+    from PySide6.QtCore import SignalInstance
+    from pytestqt.qtbot import QtBot
+
+    from gui.engine_client import EngineClient
+    from gui.settings import AppSettings
 
 # Before any QApplication exists: no display on CI machines.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -26,3 +34,40 @@ def fresh_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(DATA_DIR_ENV, str(data_dir))
     monkeypatch.setenv(MODELS_DIR_ENV, str(_REAL_MODELS_DIR))
     return data_dir
+
+
+@contextmanager
+def engine_wait(
+    qtbot: QtBot, client: EngineClient, signal: SignalInstance, timeout: int
+) -> Iterator[Any]:
+    """``qtbot.waitSignal(signal)`` that fails at once, naming why, if the engine dies first.
+
+    Yields pytest-qt's blocker (``args``: what ``signal`` carried).
+    """
+    deaths: list[str] = []
+
+    def died(message: str, _death: object) -> None:
+        deaths.append(message)
+
+    client.crashed.connect(died)
+    try:
+        with qtbot.waitSignal(signal, timeout=timeout) as blocker:
+            blocker.connect(client.crashed)
+            yield blocker
+    finally:
+        client.crashed.disconnect(died)
+    if deaths:
+        pytest.fail(f"the engine process died instead: {deaths[0]}")
+
+
+def smollm_pair_settings(model: Path, *, max_tokens: int) -> AppSettings:
+    """Window settings for SmolLM2 drafting for itself, every round (so highlights exist)."""
+    from gui.settings import AppSettings
+
+    settings = AppSettings()
+    settings.set("last_main_path", str(model))
+    settings.set("last_draft_choice", str(model))
+    settings.set("speculation_method", "draft-model")
+    settings.set("context_size", 1024)
+    settings.set("max_tokens", max_tokens)
+    return settings

@@ -8,12 +8,15 @@ from typing import TYPE_CHECKING
 
 from backends.engine import ChatMessage
 from backends.engine_protocol import GenerateRequest, LoadRequest
+from backends.load_guard import CRASH_AT_ENV
 from backends.speculative import GenerationSettings, TokenOrigin
-from gui.engine_client import EngineClient, LoadedPair
+from gui.engine_client import EngineClient, EngineDeath, LoadedPair
+from tests.gui.conftest import engine_wait
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    import pytest
     from pytestqt.qtbot import QtBot
 
     from backends.speculative import EmittedToken, SpeculationStats
@@ -23,7 +26,7 @@ LOAD_TIMEOUT_MS = 120_000
 
 def _loaded_client(qtbot: QtBot, request: LoadRequest) -> EngineClient:
     client = EngineClient()
-    with qtbot.waitSignal(client.loaded, timeout=LOAD_TIMEOUT_MS) as blocker:
+    with engine_wait(qtbot, client, client.loaded, LOAD_TIMEOUT_MS) as blocker:
         client.load(request)
     assert isinstance(blocker.args[0], LoadedPair)
     return client
@@ -40,7 +43,7 @@ def test_client_streams_tokens_and_final_stats(qtbot: QtBot, smollm_path: Path) 
         (ChatMessage("user", "List the numbers from one to ten."),),
         GenerationSettings(max_tokens=40),
     )
-    with qtbot.waitSignal(client.run_finished, timeout=LOAD_TIMEOUT_MS) as finished:
+    with engine_wait(qtbot, client, client.run_finished, LOAD_TIMEOUT_MS) as finished:
         client.generate(request)
     request_id, run, last_tokens, stats = finished.args
     streamed.extend(last_tokens)
@@ -61,7 +64,7 @@ def test_killed_engine_reports_a_crash_and_can_start_again(qtbot: QtBot, smollm_
         os.kill(pid, signal.SIGKILL)
     assert "engine process" in crashed.args[0]
     assert not client.running
-    with qtbot.waitSignal(client.loaded, timeout=LOAD_TIMEOUT_MS):
+    with engine_wait(qtbot, client, client.loaded, LOAD_TIMEOUT_MS):
         client.load(LoadRequest(str(smollm_path), method="off", n_ctx=1024))
     assert client.pid not in (None, pid)
     client.stop()
@@ -69,7 +72,7 @@ def test_killed_engine_reports_a_crash_and_can_start_again(qtbot: QtBot, smollm_
 
 def test_errors_arrive_as_one_line_failed_signals(qtbot: QtBot, tmp_path: Path) -> None:
     client = EngineClient()
-    with qtbot.waitSignal(client.failed, timeout=LOAD_TIMEOUT_MS) as failed:
+    with engine_wait(qtbot, client, client.failed, LOAD_TIMEOUT_MS) as failed:
         client.load(LoadRequest(str(tmp_path / "missing.gguf")))
     message, request_id = failed.args
     assert "missing.gguf" in message
@@ -77,3 +80,35 @@ def test_errors_arrive_as_one_line_failed_signals(qtbot: QtBot, tmp_path: Path) 
     assert request_id is None
     assert client.running  # a bad file costs a message, not the process
     client.stop()
+
+
+def test_a_crash_while_loading_names_the_load_and_its_stage(
+    qtbot: QtBot, smollm_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CRASH_AT_ENV, "main-probe")
+    client = EngineClient()
+    request = LoadRequest(str(smollm_path), method="off", n_ctx=1024)
+    with qtbot.waitSignal(client.crashed, timeout=LOAD_TIMEOUT_MS) as crashed:
+        client.load(request)
+    message, death = crashed.args
+    assert message.startswith("the engine process crashed (SIGSEGV)")
+    assert "Segmentation fault" in message
+    assert "\n" not in message
+    assert isinstance(death, EngineDeath)
+    assert death.cause == "SIGSEGV: Segmentation fault"
+    assert death.loading is not None
+    assert death.loading.request == request
+    assert (death.loading.stage, death.loading.model_path) == ("main-probe", str(smollm_path))
+    assert client.load_in_flight is None
+    assert not client.running
+
+
+def test_a_crash_after_loading_carries_no_load(qtbot: QtBot, smollm_path: Path) -> None:
+    client = _loaded_client(qtbot, LoadRequest(str(smollm_path), method="off", n_ctx=1024))
+    assert client.load_in_flight is None
+    pid = client.pid
+    assert pid is not None
+    with qtbot.waitSignal(client.crashed, timeout=30_000) as crashed:
+        os.kill(pid, signal.SIGSEGV)
+    assert crashed.args[1].loading is None
+    assert crashed.args[1].cause.startswith("SIGSEGV")

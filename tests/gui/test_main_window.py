@@ -16,6 +16,7 @@ from backends.speculative import TokenOrigin
 from gui.chat_store import ChatStore
 from gui.main_window import MainWindow
 from gui.settings import AppSettings
+from tests.gui.conftest import engine_wait, smollm_pair_settings
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -33,21 +34,14 @@ QUESTION = "Write a Python function that returns the squares of a list of number
 
 @pytest.fixture
 def settings(smollm_path: Path) -> AppSettings:
-    settings = AppSettings()
-    settings.set("last_main_path", str(smollm_path))
-    settings.set("last_draft_choice", str(smollm_path))
-    # Forced drafting: every round drafts, so highlights exist even where auto would not draft.
-    settings.set("speculation_method", "draft-model")
-    settings.set("context_size", 1024)
-    settings.set("max_tokens", 40)
-    return settings
+    return smollm_pair_settings(smollm_path, max_tokens=40)
 
 
 def _open_window(qtbot: QtBot, settings: AppSettings) -> MainWindow:
     window = MainWindow(settings, offer_first_run=False)
     qtbot.addWidget(window)
     window.show()
-    with qtbot.waitSignal(window.models_loaded, timeout=LOAD_TIMEOUT_MS):
+    with engine_wait(qtbot, window.client, window.models_loaded, LOAD_TIMEOUT_MS):
         window.load_when_scanned()
     return window
 
@@ -82,7 +76,7 @@ class _Recorder:
 
 def _ask(qtbot: QtBot, window: MainWindow, text: str) -> str:
     window.input.setPlainText(text)
-    with qtbot.waitSignal(window.answer_finished, timeout=ANSWER_TIMEOUT_MS) as finished:
+    with engine_wait(qtbot, window.client, window.answer_finished, ANSWER_TIMEOUT_MS) as finished:
         QTest.keyClick(window.input, Qt.Key.Key_Return)
     state = finished.args[0]
     assert isinstance(state, str)
@@ -204,7 +198,7 @@ def test_killing_the_engine_mid_answer_keeps_the_chat_and_offers_reload(
     assert stored.content == shown
     assert not window.send_button.isEnabled()
 
-    with qtbot.waitSignal(window.models_loaded, timeout=LOAD_TIMEOUT_MS):
+    with engine_wait(qtbot, window.client, window.models_loaded, LOAD_TIMEOUT_MS):
         QTest.mouseClick(window.reload_button, Qt.MouseButton.LeftButton)
     assert not window.crash_banner.isVisible()
     window.settings.set("max_tokens", 8)
@@ -218,7 +212,7 @@ def test_escape_stops_and_keeps_the_partial_answer(qtbot: QtBot, window: MainWin
     answer = window.answer
     assert answer is not None
     qtbot.waitUntil(lambda: len(answer.tokens) >= 4, timeout=ANSWER_TIMEOUT_MS)
-    with qtbot.waitSignal(window.answer_finished, timeout=30_000) as finished:
+    with engine_wait(qtbot, window.client, window.answer_finished, 30_000) as finished:
         QTest.keyClick(window, Qt.Key.Key_Escape)
     assert finished.args == ["cancelled"]
     assert window.conversation_id is not None
@@ -256,7 +250,7 @@ def test_enter_sends_and_shift_enter_starts_a_new_line(qtbot: QtBot, window: Mai
     QTest.keyClick(window.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
     QTest.keyClicks(window.input, "second line")
     assert window.input.toPlainText() == "first line\nsecond line"
-    with qtbot.waitSignal(window.answer_finished, timeout=ANSWER_TIMEOUT_MS):
+    with engine_wait(qtbot, window.client, window.answer_finished, ANSWER_TIMEOUT_MS):
         QTest.keyClick(window.input, Qt.Key.Key_Return)
     assert window.input.toPlainText() == ""
     assert window.conversation_id is not None
@@ -268,7 +262,7 @@ def test_regenerate_replaces_the_last_answer_and_copy_copies_it(
 ) -> None:
     assert _ask(qtbot, window, QUESTION) == "complete"
     first = window.chat.answer_text()
-    with qtbot.waitSignal(window.answer_finished, timeout=ANSWER_TIMEOUT_MS):
+    with engine_wait(qtbot, window.client, window.answer_finished, ANSWER_TIMEOUT_MS):
         QTest.mouseClick(window.regenerate_button, Qt.MouseButton.LeftButton)
     assert window.chat.answer_count() == 1
     assert window.chat.answer_text() == first  # temperature 0
@@ -303,7 +297,7 @@ def test_bad_model_choices_end_in_one_line_sidebar_errors(
     else:
         request = LoadRequest(str(smollm_path), str(gemma_path))
         expected = "draft"
-    with qtbot.waitSignal(window.client.failed, timeout=LOAD_TIMEOUT_MS):
+    with engine_wait(qtbot, window.client, window.client.failed, LOAD_TIMEOUT_MS):
         window.load_models(request)
     qtbot.waitUntil(lambda: expected in window.sidebar.error_text())
     assert "\n" not in window.sidebar.error_text()

@@ -1,0 +1,102 @@
+"""Weight repacking on vs off on one model: decode tok/s, prompt tok/s, batch costs, exact batches.
+
+llama.cpp repacks CPU weights for faster kernels (SpecDeck never lets it use AMX, see
+backends/weight_placement.py); the price is batched logits that stop matching single-token
+logits from a smaller batch on, which caps exact verification. This measures both sides in
+one run, alternating the two loads so that machine noise hits both alike:
+
+- ``decode_tok_s``: single-token greedy steps after a short prompt;
+- ``prompt_tok_s``: one prompt of ``--prompt-tokens`` tokens read in n_batch chunks;
+- ``batch_ms``: the cost of a batch of 1, 2, 3, 4, 8 and 16 tokens after that prompt;
+- ``exact_batch_limit``: the largest batch whose logits equal single-token logits bit for
+  bit (the load-time probe, batches up to 12; 512 means every probed size).
+
+    .venv/bin/python benchmarks/weight_repacking.py [--model FILE] [--rounds 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from backends.llama_engine import LlamaEngine, LlamaLoadSettings
+from backends.provision import DEFAULT_MAIN_KEY, model_path
+from backends.weight_placement import cpu_model_name, has_amx
+
+BATCH_SIZES = (1, 2, 3, 4, 8, 16)
+DECODE_STEPS = 48
+TEXT = "def merge(left, right):\n    result = []\n    while left and right:\n"
+
+
+def measure(path: Path, mode: str, prompt_tokens: int, threads: int | None) -> dict[str, Any]:
+    """One load with ``mode`` ("on" or "off") and its figures."""
+    settings = LlamaLoadSettings(n_ctx=2048, weight_repacking=mode, n_threads=threads)  # type: ignore[arg-type]
+    with LlamaEngine(path, settings) as engine:
+        words = engine.tokenize(TEXT * 64, add_special=False, parse_special=False)
+        prompt = words[:prompt_tokens]
+        engine.truncate(0)
+        began = time.perf_counter()
+        engine.evaluate(prompt, 1)
+        prompt_seconds = time.perf_counter() - began
+        batch_ms: dict[str, float] = {}
+        for size in BATCH_SIZES:
+            samples = []
+            for _ in range(3):
+                engine.truncate(len(prompt))
+                began = time.perf_counter()
+                engine.evaluate(words[len(prompt) : len(prompt) + size], size)
+                samples.append(time.perf_counter() - began)
+            batch_ms[str(size)] = round(1000 * statistics.median(samples), 1)
+        engine.truncate(0)
+        rows = engine.evaluate(words[:8], 1)
+        began = time.perf_counter()
+        for _ in range(DECODE_STEPS):
+            rows = engine.evaluate([int(rows[0].argmax())], 1)
+        decode_seconds = time.perf_counter() - began
+        return {
+            "mode": mode,
+            "note": next((n for n in engine.load_report.notes if "repacking" in n), ""),
+            "weight_buffers": list(engine.load_report.weight_buffers),
+            "decode_tok_s": round(DECODE_STEPS / decode_seconds, 2),
+            "prompt_tok_s": round(len(prompt) / prompt_seconds, 1),
+            "batch_ms": batch_ms,
+            "exact_batch_limit": engine.exact_batch_limit,
+        }
+
+
+def main() -> None:
+    """Alternate loads with repacking on and off; print a table or JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None, help="default: the default main")
+    parser.add_argument("--rounds", type=int, default=2, help="loads per mode, alternated")
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    path = args.model or model_path(DEFAULT_MAIN_KEY)
+    runs = [
+        measure(path, mode, args.prompt_tokens, args.threads)
+        for _ in range(args.rounds)
+        for mode in ("on", "off")
+    ]
+    machine = f"{cpu_model_name()} ({'with' if has_amx() else 'without'} AMX)"
+    if args.json:
+        print(json.dumps({"model": path.name, "cpu": machine, "runs": runs}))
+        return
+    print(f"{path.name} on {machine}")
+    sizes = "  ".join(f"{size:>5}" for size in BATCH_SIZES)
+    print(f"{'repack':6} {'decode':>8} {'prompt':>8}  batch ms: {sizes}  exact  buffers")
+    for run in runs:
+        costs = "  ".join(f"{run['batch_ms'][str(size)]:5.0f}" for size in BATCH_SIZES)
+        print(
+            f"{run['mode']:6} {run['decode_tok_s']:8.2f} {run['prompt_tok_s']:8.1f}  "
+            f"          {costs}  {run['exact_batch_limit']:>5}  {','.join(run['weight_buffers'])}"
+        )
+
+
+if __name__ == "__main__":
+    main()
