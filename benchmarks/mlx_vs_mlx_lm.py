@@ -31,11 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backends.engine import ChatMessage
-from backends.methods import build_decoder
-from backends.mlx_engine import MlxEngine
-from backends.sampling import SamplingSettings
-from backends.speculative import DraftModelDrafter, GenerationSettings, SpeculativeDecoder
+from backends.engines.interface import ChatMessage
+from backends.engines.mlx import MlxEngine
+from backends.speculation.drafters import DraftModelDrafter
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.methods import build_decoder
+from backends.speculation.sampling import SamplingSettings
+from backends.speculation.types import GenerationSettings
 
 DEFAULT_PROMPT = "Write a quicksort function in Python."
 STEADY_AFTER_ROUNDS = 2  # rounds left out of the steady rate (prompt reads, first draft)

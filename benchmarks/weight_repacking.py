@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backends.llama_engine import LlamaEngine, LlamaLoadSettings
-from backends.provision import DEFAULT_MAIN_KEY, model_path
-from backends.weight_placement import cpu_model_name, has_amx
+from backends.engines.llama import LlamaEngine, LlamaLoadSettings
+from backends.engines.weight_placement import cpu_model_name, has_amx
+from backends.models.provision import DEFAULT_MAIN_KEY, model_path
 
 BATCH_SIZES = (1, 2, 3, 4, 8, 16)
 DECODE_STEPS = 48

@@ -12,9 +12,9 @@ from PySide6 import __version__ as pyside_version
 from PySide6.QtCore import qVersion
 from PySide6.QtWidgets import QMessageBox, QWidget
 
+from backends.engines.weight_placement import WeightPlan, cpu_model_name, has_amx
 from backends.paths import models_dir, user_data_dir
-from backends.weight_placement import WeightPlan, cpu_model_name, has_amx
-from gui.app import APP_NAME, app_version
+from gui.app_info import APP_NAME, app_version
 
 BUILD_INFO_FILE = "build_info.json"
 

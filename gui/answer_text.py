@@ -19,7 +19,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 
-from backends.speculative import TokenOrigin
+from backends.speculation.types import TokenOrigin
 from gui.style import (
     CODE_BACKGROUND,
     DRAFT_BACKGROUND,

@@ -7,11 +7,11 @@ import logging
 import os
 import sys
 import traceback
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backends.paths import user_data_dir
+from gui.app_info import APP_NAME, app_version
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -20,18 +20,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gui")
 
-APP_NAME = "SpecDeck"
 LOG_FILE = "specdeck.log"
-PIP_FLAG = "--pip"  # must match backends.provision's frozen download command
+PIP_FLAG = "--pip"  # must match backends.models.provision's frozen download command
 MODELS_FLAG = "--models"  # the frozen app's specdeck-models: "specdeck --models fetch …"
-
-
-def app_version() -> str:
-    """The installed version of SpecDeck."""
-    try:
-        return version("specdeck")
-    except PackageNotFoundError:
-        return "0.0.0+unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,7 +86,7 @@ def _install_excepthook(window: MainWindow) -> None:
 
 def prefer_default_pair() -> None:
     """On the very first start, preselect the default pair when it has been fetched."""
-    from backends.provision import (
+    from backends.models.provision import (
         DEFAULT_DRAFT_KEY,
         DEFAULT_MAIN_KEY,
         ModelState,
@@ -123,12 +114,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(pip_main(arguments[1:]))
     if arguments[:1] == [MODELS_FLAG]:
-        from backends.provision import main as models_main
+        from backends.service.models_cli import main as models_main
 
         return models_main(arguments[1:])
     args = build_parser().parse_args(arguments)
     if args.engine_server:
-        from backends.engine_server import main as serve
+        from backends.service.engine_server import main as serve
 
         serve()
     if args.self_test:

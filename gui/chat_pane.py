@@ -18,7 +18,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QMenu, QVBoxLayout, QWidget
 
-from backends.speculative import TokenOrigin
+from backends.speculation.types import TokenOrigin
 from gui.answer_text import (
     AnswerBrowser,
     AnswerStyles,
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from PySide6.QtGui import QResizeEvent, QTextDocument
     from PySide6.QtWidgets import QTextBrowser
 
-    from backends.speculative import EmittedToken, SpeculationStats
+    from backends.speculation.types import EmittedToken, SpeculationStats
     from gui.answer_text import TextRun
 
 log = logging.getLogger(__name__)

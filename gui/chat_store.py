@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Self, cast, get_args
 
-from backends.engine_protocol import stats_from_wire, stats_to_wire
 from backends.errors import SpecDeckError
 from backends.paths import user_data_dir
+from backends.service.protocol import stats_from_wire, stats_to_wire
 from gui.transcript import MessageRecord, MessageState, spans_from_json, spans_to_json
 
 if TYPE_CHECKING:
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from pathlib import Path
     from types import TracebackType
 
-    from backends.engine import Role
-    from backends.speculative import SpeculationStats
+    from backends.engines.interface import Role
+    from backends.speculation.types import SpeculationStats
     from gui.transcript import TokenSpan
 
 log = logging.getLogger(__name__)

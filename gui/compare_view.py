@@ -8,14 +8,14 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QColor, QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
-from backends.speculative import TokenOrigin
+from backends.speculation.types import TokenOrigin
 from gui.answer_text import AnswerBrowser, AnswerStyles, AnswerWriter, highlighted_text, text_runs
-from gui.style import BAD, GOOD, METER_REPAINT_MS, MUTED_TEXT, TOKEN_FLUSH_MS, WARN
+from gui.style import BAD, GOOD, METER_REPAINT_MS, MUTED_TEXT, SUBTLE_LINE, TOKEN_FLUSH_MS, WARN
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from backends.speculative import EmittedToken, SpeculationStats
+    from backends.speculation.types import EmittedToken, SpeculationStats
 
 Run = Literal["speculative", "plain"]
 RUNS: tuple[Run, ...] = get_args(Run)
@@ -37,7 +37,7 @@ LEGEND_TEXT = "Green: drafted tokens the main model accepted"
 LEGEND_OFF_TEXT = "Draft highlighting is off"
 PLAIN_SUBTITLE = "The same prompt, one token per step, no drafting"
 
-BROWSER_BORDER = QColor("#e5e7eb")
+BROWSER_BORDER = SUBTLE_LINE
 BROWSER_BACKGROUND = QColor("#ffffff")
 BROWSER_RADIUS_PX = 6
 DOCUMENT_MARGIN_PX = 10

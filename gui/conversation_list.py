@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui.style import MUTED_TEXT
+from gui.style import MUTED_TEXT, SUBTLE_LINE
 
 if TYPE_CHECKING:
     from PySide6.QtCore import QPoint
@@ -46,7 +46,7 @@ ConversationIdRole: Final = Qt.ItemDataRole.UserRole + 1
 UpdatedRole: Final = Qt.ItemDataRole.UserRole + 2
 
 NEW_CHAT_TOOLTIP = "New chat (Ctrl+N)"
-SELECTED_BACKGROUND = QColor("#e5e7eb")
+SELECTED_BACKGROUND = SUBTLE_LINE
 HOVER_BACKGROUND = QColor("#f3f4f6")
 TITLE_TEXT = QColor("#111827")
 ROW_PADDING_X = 10

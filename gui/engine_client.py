@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
 
-from backends.engine import LoadReport
-from backends.engine_protocol import (
+from backends.engines.hardware import ComputeDevice
+from backends.engines.interface import LoadReport
+from backends.engines.load_guard import signal_name
+from backends.service.protocol import (
     decode,
     encode,
     generate_command,
@@ -26,13 +28,11 @@ from backends.engine_protocol import (
     stats_from_wire,
     tokens_from_wire,
 )
-from backends.hardware import ComputeDevice
-from backends.load_guard import signal_name
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from backends.engine_protocol import GenerateRequest, LoadRequest
+    from backends.service.protocol import GenerateRequest, LoadRequest
 
 log = logging.getLogger("gui.engine")
 
@@ -59,7 +59,7 @@ class LoadInFlight:
     """A load the engine process was asked for and has not finished: how far it got."""
 
     request: LoadRequest
-    stage: str = ""  # the last load step the process announced (backends.load_guard)
+    stage: str = ""  # the last load step the process announced (backends.engines.load_guard)
     model: str = ""  # the model that step was for
 
     @property
@@ -80,7 +80,7 @@ def engine_command() -> list[str]:
     """How to start the engine process: the frozen app runs it with a flag, else a module."""
     if getattr(sys, "frozen", False):
         return [sys.executable, "--engine-server"]
-    return [sys.executable, "-m", "backends.engine_server"]
+    return [sys.executable, "-m", "backends.service.engine_server"]
 
 
 def _report(raw: dict[str, Any]) -> LoadReport:

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from backends.errors import ProvisioningError
-from backends.provision import (
+from backends.models.provision import (
     DEFAULT_DRAFT_KEY,
     DEFAULT_MAIN_KEY,
     ProvisionProgress,

@@ -3,7 +3,7 @@
 The window owns no model: an :class:`EngineClient` runs them in a child process, and every
 answer streams in as signals on the GUI thread. The chat history is written to SQLite
 before and while an answer is generated, so a crash of the engine (or of the app) loses
-nothing already on screen. A crash while loading is recorded (backends.load_guard) and the
+nothing already on screen. A crash while loading is recorded (backends.engines.load_guard) and the
 load is tried once more with the safest settings; the record keeps the next start, and
 "Reload models", from walking into the same crash.
 """
@@ -29,11 +29,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.catalog import CatalogScan, default_model_folders, scan_models
-from backends.engine import ChatMessage
-from backends.engine_protocol import GenerateRequest, LoadRequest
-from backends.errors import SpecDeckError
-from backends.load_guard import (
+from backends.engines.interface import ChatMessage
+from backends.engines.load_guard import (
     SAFEST,
     SAFEST_DESCRIPTION,
     CrashRecords,
@@ -41,7 +38,10 @@ from backends.load_guard import (
     avoided_crash_note,
     crash_message,
 )
+from backends.errors import SpecDeckError
+from backends.models.catalog import CatalogScan, default_model_folders, scan_models
 from backends.paths import user_data_dir
+from backends.service.protocol import GenerateRequest, LoadRequest
 from gui.about import show_about
 from gui.background import BackgroundTask
 from gui.chat_pane import ChatPane
@@ -58,8 +58,8 @@ from gui.style import ERROR_TEXT
 from gui.transcript import spans_from_tokens
 
 if TYPE_CHECKING:
-    from backends.engine_protocol import RunKind
-    from backends.speculative import EmittedToken, SpeculationStats
+    from backends.service.protocol import RunKind
+    from backends.speculation.types import EmittedToken, SpeculationStats
     from gui.transcript import MessageState
 
 log = logging.getLogger("gui")
@@ -159,6 +159,7 @@ class MainWindow(QMainWindow):
     # -- construction ------------------------------------------------------------------------
 
     def _build(self) -> None:
+        """The window's areas: chats | conversation | meter and sidebar; menus; timers."""
         self.conversations = ConversationList(self.store)
         self.chat = ChatPane()
         self.chat.set_visualize_drafts(bool(self.settings.get("visualize_drafts")))
@@ -169,7 +170,20 @@ class MainWindow(QMainWindow):
         self.sidebar = Sidebar(self.settings)
         self.status = ResourceStatusBar()
         self.setStatusBar(self.status)
+        self.main_split = QSplitter(Qt.Orientation.Horizontal)
+        self.main_split.addWidget(self.conversations)
+        self.main_split.addWidget(self._build_conversation_area())
+        self.main_split.addWidget(self._build_right_column())
+        self.main_split.setStretchFactor(1, 1)
+        self.main_split.setSizes([210, 760, 330])
+        self.setCentralWidget(self.main_split)
+        self.resize(1360, 860)
+        self._build_menus()
+        self._save_timer = QTimer(self)
+        self._save_timer.setInterval(SAVE_ANSWER_INTERVAL_MS)
+        self._save_timer.timeout.connect(self._save_streaming_answer)
 
+    def _build_crash_banner(self) -> QWidget:
         self.crash_banner = QWidget()
         banner_layout = QHBoxLayout(self.crash_banner)
         banner_layout.setContentsMargins(8, 4, 8, 4)
@@ -180,7 +194,10 @@ class MainWindow(QMainWindow):
         banner_layout.addWidget(self.crash_label, 1)
         banner_layout.addWidget(self.reload_button)
         self.crash_banner.hide()
+        return self.crash_banner
 
+    def _build_conversation_area(self) -> QWidget:
+        """The crash banner, the chat over the comparison, the toggles and the message box."""
         self.input = MessageInput()
         self.input.setPlaceholderText("Ask something… (Enter sends, Shift+Enter new line)")
         self.input.setMaximumHeight(96)
@@ -226,25 +243,21 @@ class MainWindow(QMainWindow):
         center = QWidget()
         center_layout = QVBoxLayout(center)
         center_layout.setContentsMargins(4, 4, 4, 4)
-        center_layout.addWidget(self.crash_banner)
+        center_layout.addWidget(self._build_crash_banner())
         center_layout.addWidget(self.center_split, 1)
         center_layout.addLayout(toggles)
         center_layout.addLayout(entry)
+        return center
 
+    def _build_right_column(self) -> QWidget:
+        """The live meter over the sidebar."""
         right = QSplitter(Qt.Orientation.Vertical)
         right.addWidget(self.meter)
         right.addWidget(self.sidebar)
         right.setStretchFactor(1, 1)
+        return right
 
-        self.main_split = QSplitter(Qt.Orientation.Horizontal)
-        self.main_split.addWidget(self.conversations)
-        self.main_split.addWidget(center)
-        self.main_split.addWidget(right)
-        self.main_split.setStretchFactor(1, 1)
-        self.main_split.setSizes([210, 760, 330])
-        self.setCentralWidget(self.main_split)
-        self.resize(1360, 860)
-
+    def _build_menus(self) -> None:
         stop = QAction("Stop", self)
         stop.setShortcut(QKeySequence(Qt.Key.Key_Escape))
         stop.triggered.connect(self.stop_generation)
@@ -262,10 +275,6 @@ class MainWindow(QMainWindow):
         forget.triggered.connect(self.forget_load_crashes)
         about = help_menu.addAction(f"&About {self.windowTitle()}")
         about.triggered.connect(self.show_about)
-
-        self._save_timer = QTimer(self)
-        self._save_timer.setInterval(SAVE_ANSWER_INTERVAL_MS)
-        self._save_timer.timeout.connect(self._save_streaming_answer)
 
     def _connect(self) -> None:
         client = self.client

@@ -10,12 +10,12 @@ from PySide6.QtCore import QRectF, QSize, Qt, QTimer
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from gui.style import BAD, GOOD, METER_REPAINT_MS, MUTED_TEXT, WARN
+from gui.style import BAD, GOOD, METER_REPAINT_MS, MUTED_TEXT, SUBTLE_LINE, WARN
 
 if TYPE_CHECKING:
     from PySide6.QtGui import QPaintEvent
 
-    from backends.speculative import SpeculationStats
+    from backends.speculation.types import SpeculationStats
 
 MeterState = Literal["idle", "running", "done"]
 
@@ -28,7 +28,7 @@ IDLE_CAPTION = "Idle: nothing is generating"
 DONE_CAPTION = "last answer"
 NO_DRAFTS_TEXT = "No drafts yet"
 
-TRACK_COLOUR = QColor("#e5e7eb")
+TRACK_COLOUR = SUBTLE_LINE
 EMPTY_BAR_COLOUR = QColor("#c4c9d1")
 VALUE_TEXT_COLOUR = QColor("#1f2937")
 

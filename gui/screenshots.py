@@ -14,10 +14,11 @@ from pathlib import Path
 from PySide6.QtCore import QEventLoop, QTimer, SignalInstance
 from PySide6.QtWidgets import QApplication, QWidget
 
-from backends.engine_protocol import ENGINE_KINDS
-from backends.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, ensure_model
-from backends.suite_prompts import SUITE_PROMPTS
-from gui.app import APP_NAME, prefer_default_pair
+from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, ensure_model
+from backends.service.protocol import ENGINE_KINDS
+from backends.service.suite_prompts import SUITE_PROMPTS
+from gui.app import prefer_default_pair
+from gui.app_info import APP_NAME
 from gui.main_window import MainWindow
 from gui.settings import AppSettings
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     pair = [ensure_model(DEFAULT_MAIN_KEY), ensure_model(DEFAULT_DRAFT_KEY)]
     if args.engine == "mlx":
-        from backends.gguf_to_mlx import ImportProgressBar, ensure_mlx_import
+        from backends.models.gguf_to_mlx import ImportProgressBar, ensure_mlx_import
 
         pair = [ensure_mlx_import(path, ImportProgressBar(sys.stderr, path.stem)) for path in pair]
 

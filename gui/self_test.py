@@ -13,8 +13,8 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING
 
+from backends.models.provision import SMALL_TEST_KEY, ModelState, model_path, model_state
 from backends.paths import DATA_DIR_ENV, MODELS_DIR_ENV, models_dir
-from backends.provision import SMALL_TEST_KEY, ModelState, model_path, model_state
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -84,7 +84,7 @@ def run_self_test(main: Path | None, draft: Path | None) -> int:
 def _self_test_in_window(main: Path, draft: Path) -> int:
     from PySide6.QtWidgets import QApplication
 
-    from backends.speculative import TokenOrigin
+    from backends.speculation.types import TokenOrigin
     from gui.main_window import MainWindow
     from gui.settings import AppSettings
 

@@ -15,23 +15,24 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from PySide6.QtCore import QObject, Signal
 
-from backends.engine_protocol import ENGINE_KINDS, LoadRequest
+from backends.engines.interface import DEFAULT_CONTEXT_SIZE
+from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SettingsError
-from backends.methods import DEFAULT_METHOD, METHODS, parse_method
 from backends.paths import user_data_dir
-from backends.sampling import SamplingSettings
-from backends.speculative import (
+from backends.service.protocol import ENGINE_KINDS, LoadRequest
+from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
+from backends.speculation.sampling import SamplingSettings
+from backends.speculation.types import (
     DEFAULT_DRAFT_MAX,
     DEFAULT_MAX_TOKENS,
     DEFAULT_P_MIN,
     GenerationSettings,
 )
-from backends.weight_placement import WEIGHT_REPACKING_MODES
 
 if TYPE_CHECKING:
-    from backends.engine_protocol import EngineKind
-    from backends.methods import SpeculationMethod
-    from backends.weight_placement import WeightRepacking
+    from backends.engines.weight_placement import WeightRepacking
+    from backends.service.protocol import EngineKind
+    from backends.speculation.methods import SpeculationMethod
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ MAX_SEED = 2**31 - 1  # what a QSpinBox can hold
 TOP_K_OFF = 0
 MIN_CONTEXT = 512
 MAX_CONTEXT = 131_072
-DEFAULT_CONTEXT_SIZE = 4096
 MAX_GENERATED_TOKENS = 32_768
 MAX_DRAFT_TOKENS = 32
 MAX_TOP_K = 1000

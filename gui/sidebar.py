@@ -7,48 +7,43 @@ import importlib.util
 import logging
 from typing import TYPE_CHECKING, Literal
 
-from PySide6.QtCore import QSignalBlocker, Qt, QTimer, Signal
+from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtGui import QColor, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
-    QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
-    QFormLayout,
     QFrame,
     QLabel,
-    QPlainTextEdit,
-    QProgressBar,
     QPushButton,
     QScrollArea,
     QSizePolicy,
-    QSpinBox,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
-from backends.catalog import compatible_drafts
-from backends.engine_protocol import ENGINE_KINDS
 from backends.errors import SettingsError
-from backends.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, model_source
+from backends.models.catalog import compatible_drafts
+from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, model_source
+from backends.service.protocol import ENGINE_KINDS
+from gui.form_widgets import CalmComboBox, caption, heading, muted_label, select_data
+from gui.load_panel import LoadPanel
 from gui.settings import (
     DRAFT_CHOICE_NGRAM,
     DRAFT_CHOICE_OFF,
-    SETTINGS,
     load_request_for,
     setting_spec,
     speculation_method,
 )
-from gui.style import ERROR_TEXT, GOOD, MUTED_TEXT
+from gui.settings_form import SettingsForm, show_setting
+from gui.style import ERROR_TEXT
 
 if TYPE_CHECKING:
-    from PySide6.QtGui import QHideEvent, QWheelEvent
+    from PySide6.QtGui import QHideEvent
 
-    from backends.catalog import CatalogScan
-    from backends.engine import LoadReport
-    from backends.engine_protocol import EngineKind, LoadRequest
-    from backends.gguf_info import ModelInfo
-    from gui.settings import AppSettings, SettingSpec
+    from backends.engines.interface import LoadReport
+    from backends.models.catalog import CatalogScan
+    from backends.models.gguf_info import ModelInfo
+    from backends.service.protocol import EngineKind, LoadRequest
+    from gui.settings import AppSettings
 
 logger = logging.getLogger(__name__)
 
@@ -82,15 +77,8 @@ NO_MODELS_TEXT = "No GGUF models found in SpecDeck's folder, LM Studio's or the 
 
 # The settings form: these groups, in this order; the speculation method has its own combo
 # next to the draft picker.
-FORM_GROUPS: tuple[tuple[str, str], ...] = (
-    ("speculation", "Speculation"),
-    ("sampling", "Sampling"),
-    ("generation", "Generation"),
-    ("view", "View"),
-)
-SHOWN_WITH_THE_MODELS = frozenset({"speculation_method"})
 # Settings that change what a load asks for (and so the memory a pair needs).
-PAIR_SETTINGS = frozenset({"engine", "speculation_method", "context_size"})
+PAIR_SETTINGS = frozenset({"engine", "speculation_method", "context_size", "weight_repacking"})
 
 LoadState = Literal["unloaded", "loading", "loaded"]
 ButtonAction = Literal["load", "unload"]
@@ -126,70 +114,6 @@ def model_card_html(info: ModelInfo) -> str:
     return "<br>".join(lines)
 
 
-class _CalmSpinBox(QSpinBox):
-    """A spin box that lets the wheel scroll the sidebar unless it has the focus."""
-
-    def wheelEvent(self, event: QWheelEvent) -> None:  # noqa: N802 (Qt's name)
-        if self.hasFocus():
-            super().wheelEvent(event)
-        else:
-            event.ignore()
-
-
-class _CalmDoubleSpinBox(QDoubleSpinBox):
-    """A double spin box that lets the wheel scroll the sidebar unless it has the focus."""
-
-    def wheelEvent(self, event: QWheelEvent) -> None:  # noqa: N802 (Qt's name)
-        if self.hasFocus():
-            super().wheelEvent(event)
-        else:
-            event.ignore()
-
-
-class _CalmComboBox(QComboBox):
-    """A combo box that lets the wheel scroll the sidebar unless it has the focus."""
-
-    def wheelEvent(self, event: QWheelEvent) -> None:  # noqa: N802 (Qt's name)
-        if self.hasFocus():
-            super().wheelEvent(event)
-        else:
-            event.ignore()
-
-
-class _Section(QWidget):
-    """A titled group whose body folds away when its header is clicked."""
-
-    def __init__(self, title: str, body: QWidget, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self._header = QToolButton(self)
-        self._header.setText(title)
-        self._header.setCheckable(True)
-        self._header.setChecked(True)
-        self._header.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-        self._header.setArrowType(Qt.ArrowType.DownArrow)
-        self._header.setAutoRaise(True)
-        self._header.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
-        font = self._header.font()
-        font.setBold(True)
-        self._header.setFont(font)
-        self._body = body
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.setSpacing(ROW_SPACING)
-        layout.addWidget(self._header)
-        layout.addWidget(body)
-        self._header.toggled.connect(self._update_expanded)
-
-    @property
-    def header(self) -> QToolButton:
-        """The button that folds and unfolds the section."""
-        return self._header
-
-    def _update_expanded(self, expanded: bool) -> None:
-        self._header.setArrowType(Qt.ArrowType.DownArrow if expanded else Qt.ArrowType.RightArrow)
-        self._body.setVisible(expanded)
-
-
 class Sidebar(QWidget):
     """Pick the engine and the model pair, load or unload it, and edit the settings.
 
@@ -223,12 +147,6 @@ class Sidebar(QWidget):
         self._requested: LoadRequest | None = None
         self._loaded_request: LoadRequest | None = None
         self._pair_problem: str | None = None
-        self._setting_widgets: dict[str, QWidget] = {}
-        self._form_captions: list[QLabel] = []
-        self._prompt_timer = QTimer(self)
-        self._prompt_timer.setSingleShot(True)
-        self._prompt_timer.setInterval(SYSTEM_PROMPT_SAVE_DELAY_MS)
-        self._prompt_timer.timeout.connect(self._save_system_prompt)
 
         self.setMinimumWidth(SIDEBAR_MIN_WIDTH)
         content = QWidget()
@@ -237,10 +155,12 @@ class Sidebar(QWidget):
         layout.setContentsMargins(CONTENT_MARGIN, CONTENT_MARGIN, CONTENT_MARGIN, CONTENT_MARGIN)
         layout.setSpacing(SECTION_SPACING)
         layout.addWidget(self._build_models_section())
-        layout.addWidget(self._build_load_section())
-        for group, title in FORM_GROUPS:
-            layout.addWidget(_Section(title, self._build_settings_form(group), content))
-        self._align_form_captions()
+        self._load_panel = LoadPanel(content)
+        self._load_panel.clicked.connect(self._on_load_clicked)
+        layout.addWidget(self._load_panel)
+        self._settings_form = SettingsForm(settings, content)
+        self._settings_form.write_failed.connect(self.show_error)
+        layout.addWidget(self._settings_form)
         layout.addStretch(1)
 
         scroll = QScrollArea(self)
@@ -260,7 +180,7 @@ class Sidebar(QWidget):
             f" background: {ERROR_BACKGROUND.name()}; border-radius: {CARD_RADIUS_PX}px;"
             f" padding: 6px; }}"
         )
-        settings.changed.connect(self._update_from_setting)
+        settings.changed.connect(self._on_setting_changed)
         self._fill_pickers(())
 
     # -- building --------------------------------------------------------------------------
@@ -271,9 +191,9 @@ class Sidebar(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(ROW_SPACING)
 
-        layout.addWidget(_heading("Models"))
+        layout.addWidget(heading("Models"))
         engine_spec = setting_spec("engine")
-        self._engine_combo = _CalmComboBox()
+        self._engine_combo = CalmComboBox()
         self._engine_combo.setObjectName("enginePicker")
         self._engine_combo.setToolTip(engine_spec.tooltip)
         engine_model = QStandardItemModel(self._engine_combo)
@@ -286,19 +206,18 @@ class Sidebar(QWidget):
                 item.setToolTip(MLX_UNAVAILABLE_TOOLTIP)
             engine_model.appendRow(item)
         self._engine_combo.setModel(engine_model)
-        self._select_data(self._engine_combo, self._settings.get_str("engine"), fallback=0)
+        select_data(self._engine_combo, self._settings.get_str("engine"), fallback=0)
         self._engine_combo.currentIndexChanged.connect(self._on_engine_changed)
-        self._setting_widgets[engine_spec.key] = self._engine_combo
-        layout.addWidget(_caption("Engine", engine_spec.tooltip))
+        layout.addWidget(caption("Engine", engine_spec.tooltip))
         layout.addWidget(self._engine_combo)
 
         self._main_combo = _make_picker()
         self._main_combo.setObjectName("mainPicker")
         self._main_combo.setPlaceholderText("No models found")
         self._main_combo.currentIndexChanged.connect(self._on_main_changed)
-        layout.addWidget(_caption("Main model", "The model whose answer you get."))
+        layout.addWidget(caption("Main model", "The model whose answer you get."))
         layout.addWidget(self._main_combo)
-        self._empty_label = _muted_label(NO_MODELS_TEXT)
+        self._empty_label = muted_label(NO_MODELS_TEXT)
         layout.addWidget(self._empty_label)
         main_source, draft_source = model_source(DEFAULT_MAIN_KEY), model_source(DEFAULT_DRAFT_KEY)
         self._fetch_button = QPushButton("Get the default pair")
@@ -319,7 +238,7 @@ class Sidebar(QWidget):
         self._draft_combo.setModel(self._draft_model)
         self._draft_combo.currentIndexChanged.connect(self._on_draft_changed)
         layout.addWidget(
-            _caption(
+            caption(
                 "Draft",
                 "A small model with the main model's tokenizer that proposes tokens for the "
                 "main model to verify (llama.cpp's --model-draft).",
@@ -330,7 +249,7 @@ class Sidebar(QWidget):
         layout.addWidget(self._draft_card)
 
         method_spec = setting_spec("speculation_method")
-        self._method_combo = _CalmComboBox()
+        self._method_combo = CalmComboBox()
         self._method_combo.setObjectName("methodPicker")
         self._method_combo.setToolTip(method_spec.tooltip)
         method_model = QStandardItemModel(self._method_combo)
@@ -341,13 +260,12 @@ class Sidebar(QWidget):
                 item.setToolTip(method_spec.choice_tooltips[index])
             method_model.appendRow(item)
         self._method_combo.setModel(method_model)
-        self._select_data(self._method_combo, self._settings.get_str(method_spec.key), fallback=0)
+        select_data(self._method_combo, self._settings.get_str(method_spec.key), fallback=0)
         self._method_combo.currentIndexChanged.connect(self._on_method_changed)
-        self._setting_widgets[method_spec.key] = self._method_combo
-        layout.addWidget(_caption(method_spec.title, method_spec.tooltip))
+        layout.addWidget(caption(method_spec.title, method_spec.tooltip))
         layout.addWidget(self._method_combo)
 
-        self._problems_label = _muted_label()
+        self._problems_label = muted_label()
         self._problems_label.setObjectName("problemsLabel")
         layout.addWidget(self._problems_label)
 
@@ -362,122 +280,6 @@ class Sidebar(QWidget):
         self._open_folder_button.clicked.connect(self.open_folder_requested)
         layout.addWidget(self._open_folder_button)
         return box
-
-    def _build_load_section(self) -> QWidget:
-        box = QWidget()
-        layout = QVBoxLayout(box)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.setSpacing(ROW_SPACING)
-        self._load_button = QPushButton("Load")
-        self._load_button.setObjectName("loadButton")
-        self._load_button.setDefault(True)
-        self._load_button.clicked.connect(self._on_load_clicked)
-        layout.addWidget(self._load_button)
-        self._progress_bar = QProgressBar()
-        self._progress_bar.setObjectName("loadProgress")
-        self._progress_bar.setRange(0, PROGRESS_STEPS)
-        self._progress_bar.setTextVisible(False)
-        self._progress_bar.setMaximumHeight(8)
-        self._progress_bar.hide()
-        layout.addWidget(self._progress_bar)
-        self._progress_label = _muted_label()
-        self._progress_label.setObjectName("loadProgressMessage")
-        self._progress_label.hide()
-        layout.addWidget(self._progress_label)
-        self._status_label = QLabel()
-        self._status_label.setObjectName("loadStatus")
-        self._status_label.setStyleSheet(f"color: {GOOD.name()}; font-weight: bold;")
-        self._status_label.hide()
-        layout.addWidget(self._status_label)
-        self._placement_label = QLabel()
-        self._placement_label.setWordWrap(True)
-        self._placement_label.setTextFormat(Qt.TextFormat.PlainText)
-        self._placement_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self._placement_label.hide()
-        layout.addWidget(self._placement_label)
-        self._error_label = QLabel()
-        self._error_label.setObjectName("errorLabel")
-        self._error_label.setWordWrap(True)
-        self._error_label.setTextFormat(Qt.TextFormat.PlainText)
-        self._error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self._error_label.hide()
-        layout.addWidget(self._error_label)
-        return box
-
-    def _build_settings_form(self, group: str) -> QWidget:
-        box = QWidget()
-        form = QFormLayout(box)
-        form.setContentsMargins(0, 0, 0, 0)
-        form.setVerticalSpacing(ROW_SPACING + 2)
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
-        for spec in SETTINGS:
-            if spec.group != group or spec.key in SHOWN_WITH_THE_MODELS:
-                continue
-            editor = self._make_editor(spec)
-            editor.setObjectName(f"setting_{spec.key}")
-            editor.setToolTip(spec.tooltip)
-            self._setting_widgets[spec.key] = editor
-            if isinstance(editor, QCheckBox):
-                form.addRow(editor)
-            elif isinstance(editor, QPlainTextEdit):
-                form.addRow(_caption(spec.title, spec.tooltip))
-                form.addRow(editor)
-            else:
-                caption = _caption(spec.title, spec.tooltip)
-                self._form_captions.append(caption)
-                form.addRow(caption, editor)
-        return box
-
-    def _align_form_captions(self) -> None:
-        """One caption width for every section, so that the fields line up down the form."""
-        width = max((label.sizeHint().width() for label in self._form_captions), default=0)
-        for label in self._form_captions:
-            label.setMinimumWidth(width)
-
-    def _make_editor(self, spec: SettingSpec) -> QWidget:
-        key = spec.key
-        if spec.kind is bool:
-            check = QCheckBox(spec.title)
-            check.setChecked(self._settings.get_bool(key))
-            check.toggled.connect(lambda on: self._write_setting(key, on))
-            return check
-        if spec.kind is int:
-            spin = _CalmSpinBox()
-            _prepare_spin(spin, spec)
-            spin.setRange(int(spec.minimum or 0), int(spec.maximum or 0))
-            if spec.step is not None:
-                spin.setSingleStep(int(spec.step))
-            spin.setValue(self._settings.get_int(key))
-            spin.valueChanged.connect(lambda value: self._write_setting(key, int(value)))
-            return spin
-        if spec.kind is float:
-            double = _CalmDoubleSpinBox()
-            _prepare_spin(double, spec)
-            double.setDecimals(FLOAT_DECIMALS)
-            double.setRange(spec.minimum or 0.0, spec.maximum or 0.0)
-            if spec.step is not None:
-                double.setSingleStep(spec.step)
-            double.setValue(self._settings.get_float(key))
-            double.valueChanged.connect(lambda value: self._write_setting(key, float(value)))
-            return double
-        if spec.choices:
-            combo = _CalmComboBox()
-            for choice in spec.choices:
-                combo.addItem(spec.title_of(choice), choice)
-            self._select_data(combo, self._settings.get_str(key), fallback=0)
-            combo.currentIndexChanged.connect(
-                lambda _index: self._write_setting(key, str(combo.currentData()))
-            )
-            return combo
-        text = QPlainTextEdit()
-        text.setPlaceholderText("None")
-        text.setTabChangesFocus(True)
-        text.setPlainText(self._settings.get_str(key))
-        line_height = text.fontMetrics().lineSpacing()
-        text.setFixedHeight(line_height * SYSTEM_PROMPT_LINES + 2 * CONTENT_MARGIN)
-        # Only the system prompt is a text box; it is saved when typing pauses.
-        text.textChanged.connect(self._prompt_timer.start)
-        return text
 
     # -- public API ------------------------------------------------------------------------
 
@@ -554,37 +356,27 @@ class Sidebar(QWidget):
 
     def setting_widget(self, key: str) -> QWidget:
         """The editor bound to setting ``key`` (KeyError when the sidebar does not show it)."""
-        return self._setting_widgets[key]
+        if key == "engine":
+            return self._engine_combo
+        if key == "speculation_method":
+            return self._method_combo
+        return self._settings_form.editors[key]
 
     def set_loading(self, active: bool) -> None:
         """Show (or end) a load in progress; the pickers are locked while it runs."""
         if active:
             self._state = "loading"
-            self.clear_error()
-            self._status_label.hide()
-            self._placement_label.hide()
-            self._progress_bar.setRange(0, PROGRESS_STEPS)
-            self._progress_bar.setValue(0)
-            self._progress_bar.show()
-            self._progress_label.setText("Loading…")
-            self._progress_label.show()
+            self._pair_problem = None
+            self._load_panel.show_loading()
         else:
             if self._state == "loading":
                 self._state = "unloaded"
-            self._progress_bar.hide()
-            self._progress_label.hide()
+            self._load_panel.hide_progress()
         self._update_controls()
 
     def set_load_progress(self, fraction: float, message: str) -> None:
         """Move the progress bar to ``fraction`` (0..1; negative: busy without a fraction)."""
-        if fraction < 0:
-            self._progress_bar.setRange(0, 0)
-        else:
-            self._progress_bar.setRange(0, PROGRESS_STEPS)
-            self._progress_bar.setValue(round(min(fraction, 1.0) * PROGRESS_STEPS))
-        self._progress_bar.show()
-        self._progress_label.setText(message)
-        self._progress_label.setVisible(bool(message))
+        self._load_panel.show_progress(fraction, message)
 
     def set_loaded(
         self,
@@ -597,62 +389,46 @@ class Sidebar(QWidget):
         """Show the loaded pair, how long the load took, where its layers went and why."""
         self._state = "loaded"
         self._loaded_request = self._requested
-        self._progress_bar.hide()
-        self._progress_label.hide()
-        self.clear_error()
-        lines = [f"Main: {main.placement}"]
+        self._pair_problem = None
+        placement = [f"Main: {main.placement}"]
         if draft is not None:
-            lines.append(f"Draft: {draft.placement}")
+            placement.append(f"Draft: {draft.placement}")
         notes = [*extra_notes, *main.notes, *(draft.notes if draft is not None else ())]
-        # A note both models share is said once; a bullet each keeps wrapped notes apart.
-        lines.extend(f"{NOTE_BULLET}{note}" for note in dict.fromkeys(notes))
         if seconds is None:
             seconds = main.load_seconds + (draft.load_seconds if draft is not None else 0.0)
-        self._status_label.setText(f"● Loaded in {seconds:.1f} s")
-        self._status_label.show()
-        self._placement_label.setText("\n".join(lines))
         tooltip = [f"{main.model_name}: {main.n_ctx:,}-token context, {main.n_threads} threads"]
         if draft is not None:
             tooltip.append(f"{draft.model_name}: {draft.n_ctx:,}-token context (draft)")
-        self._placement_label.setToolTip("\n".join(tooltip))
-        self._placement_label.show()
+        self._load_panel.show_loaded(seconds, placement, notes, "\n".join(tooltip))
         self._update_controls()
 
     def set_unloaded(self) -> None:
         """Back to nothing loaded."""
         self._state = "unloaded"
         self._loaded_request = None
-        self._progress_bar.hide()
-        self._progress_label.hide()
-        self._status_label.hide()
-        self._placement_label.hide()
-        self._placement_label.clear()
+        self._load_panel.show_unloaded()
         self._update_controls()
 
     def show_error(self, message: str) -> None:
         """Show ``message`` in red under the Load button until the next load or selection."""
-        self._error_label.setText(message)
-        self._error_label.show()
+        self._load_panel.show_error(message)
 
     def clear_error(self) -> None:
         """Hide the error message."""
         self._pair_problem = None
-        self._error_label.clear()
-        self._error_label.hide()
+        self._load_panel.clear_error()
 
     def error_text(self) -> str:
         """The error shown, or "" when none is."""
-        return self._error_label.text() if self._error_label.isVisibleTo(self) else ""
+        return self._load_panel.error_text()
 
     def placement_text(self) -> str:
         """The placement lines shown after a load, or "" when nothing is loaded."""
-        return self._placement_label.text() if self._placement_label.isVisibleTo(self) else ""
+        return self._load_panel.placement_text()
 
     def flush_pending_edits(self) -> None:
         """Save a system prompt still waiting for typing to pause (call before quitting)."""
-        if self._prompt_timer.isActive():
-            self._prompt_timer.stop()
-            self._save_system_prompt()
+        self._settings_form.flush_pending_edits()
 
     def hideEvent(self, event: QHideEvent) -> None:  # noqa: N802 (Qt's name)
         """Save pending edits when the window closes or the sidebar is folded away."""
@@ -711,40 +487,20 @@ class Sidebar(QWidget):
         self._requested = request
         self.load_requested.emit(request)
 
-    def _save_system_prompt(self) -> None:
-        editor = self._setting_widgets.get("system_prompt")
-        if isinstance(editor, QPlainTextEdit):
-            self._write_setting("system_prompt", editor.toPlainText())
-
-    def _update_from_setting(self, key: str) -> None:
-        """Show a setting's new value in its editor (when it changed somewhere else)."""
-        editor = self._setting_widgets.get(key)
-        if editor is not None:
-            with QSignalBlocker(editor):
-                if isinstance(editor, QCheckBox):
-                    editor.setChecked(self._settings.get_bool(key))
-                elif isinstance(editor, QSpinBox):
-                    editor.setValue(self._settings.get_int(key))
-                elif isinstance(editor, QDoubleSpinBox):
-                    editor.setValue(self._settings.get_float(key))
-                elif isinstance(editor, QComboBox):
-                    if editor.currentData() == self._settings.get_str(key):
-                        return  # the combo itself made the change and has announced it
-                    self._select_data(editor, self._settings.get_str(key))
-                elif isinstance(editor, QPlainTextEdit):
-                    value = self._settings.get_str(key)
-                    if editor.toPlainText() != value:
-                        editor.setPlainText(value)
+    def _on_setting_changed(self, key: str) -> None:
+        """Follow a setting changed elsewhere; re-check the pair when it changes the load."""
+        combo = {"engine": self._engine_combo, "speculation_method": self._method_combo}.get(key)
+        if combo is not None:
+            if combo.currentData() == self._settings.get_str(key):
+                return  # the combo itself made the change and has announced it
+            show_setting(combo, self._settings, key)
         if key in PAIR_SETTINGS:
             self._selection_changed()
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _write_setting(self, key: str, value: str | int | float | bool) -> None:
-        try:
-            self._settings.set(key, value)
-        except SettingsError as error:
-            self.show_error(str(error))
+        self._settings_form.write(key, value)
 
     def _selected_engine(self) -> EngineKind:
         data = self._engine_combo.currentData()
@@ -794,9 +550,7 @@ class Sidebar(QWidget):
             if main is None:
                 self._draft_combo.setCurrentIndex(-1)
             else:
-                self._select_data(
-                    self._draft_combo, self._preferred_draft(wanted, main, compatible)
-                )
+                select_data(self._draft_combo, self._preferred_draft(wanted, main, compatible))
 
     def _preferred_draft(self, wanted: str, main: ModelInfo, compatible: list[ModelInfo]) -> str:
         """``wanted`` when it is still possible, else the smallest compatible model, else n-gram."""
@@ -808,14 +562,6 @@ class Sidebar(QWidget):
         if smaller:
             return str(min(smaller, key=lambda info: info.file_size).path)
         return DRAFT_CHOICE_NGRAM
-
-    @staticmethod
-    def _select_data(combo: QComboBox, data: str, fallback: int | None = None) -> None:
-        index = combo.findData(data)
-        if index >= 0:
-            combo.setCurrentIndex(index)
-        elif fallback is not None:
-            combo.setCurrentIndex(fallback)
 
     def _selection_changed(self, *, clear_errors: bool = True) -> None:
         if self._filling:
@@ -869,26 +615,25 @@ class Sidebar(QWidget):
         self._main_combo.setEnabled(pickers_enabled and has_models)
         self._draft_combo.setEnabled(pickers_enabled and has_models)
         self._method_combo.setEnabled(pickers_enabled)
+        panel = self._load_panel
         if self._state == "loading":
             self._button_action = "load"
-            self._load_button.setText("Loading…")
-            self._load_button.setEnabled(False)
+            panel.set_button("Loading…", panel.button.toolTip(), enabled=False)
             return
         if self._state == "loaded" and not self._selection_differs_from_loaded():
             self._button_action = "unload"
-            self._load_button.setText("Unload")
-            self._load_button.setToolTip("Free the memory the loaded models hold")
-            self._load_button.setEnabled(not self._busy)
+            tooltip = "Free the memory the loaded models hold"
+            panel.set_button("Unload", tooltip, enabled=not self._busy)
             return
         self._button_action = "load"
-        reload = self._state == "loaded"
-        self._load_button.setText("Reload" if reload else "Load")
-        self._load_button.setToolTip(
-            "Load the selected pair with these settings in place of the loaded one"
-            if reload
-            else "Load the selected models"
-        )
-        self._load_button.setEnabled(not self._busy and has_models)
+        if self._state == "loaded":
+            text, tooltip = (
+                "Reload",
+                "Load the selected pair with these settings in place of the loaded one",
+            )
+        else:
+            text, tooltip = "Load", "Load the selected models"
+        panel.set_button(text, tooltip, enabled=not self._busy and has_models)
 
     def _selection_differs_from_loaded(self) -> bool:
         if self._loaded_request is None:
@@ -897,33 +642,6 @@ class Sidebar(QWidget):
             return self.load_request() != self._loaded_request
         except SettingsError:
             return True
-
-
-NOTE_BULLET = "• "
-
-
-def _heading(text: str) -> QLabel:
-    label = QLabel(text)
-    font = label.font()
-    font.setBold(True)
-    font.setPointSizeF(font.pointSizeF() * 1.1)
-    label.setFont(font)
-    return label
-
-
-def _caption(text: str, tooltip: str) -> QLabel:
-    label = QLabel(text)
-    label.setToolTip(tooltip)
-    return label
-
-
-def _muted_label(text: str = "") -> QLabel:
-    label = QLabel(text)
-    label.setWordWrap(True)
-    label.setStyleSheet(f"color: {MUTED_TEXT.name()};")
-    if not text:
-        label.hide()
-    return label
 
 
 def _card() -> QLabel:
@@ -936,20 +654,11 @@ def _card() -> QLabel:
 
 
 def _make_picker() -> QComboBox:
-    combo = _CalmComboBox()
+    combo = CalmComboBox()
     combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
     combo.setMinimumContentsLength(COMBO_MIN_CONTENT_CHARS)
     combo.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
     return combo
-
-
-def _prepare_spin(spin: QSpinBox | QDoubleSpinBox, spec: SettingSpec) -> None:
-    # Commit on Enter, arrows or focus loss, not on every digit typed.
-    spin.setKeyboardTracking(False)
-    spin.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
-    spin.setAlignment(Qt.AlignmentFlag.AlignRight)
-    if spec.special_text:
-        spin.setSpecialValueText(spec.special_text)
 
 
 def _draft_item(info: ModelInfo, problem: str | None) -> QStandardItem:

@@ -8,11 +8,11 @@ import psutil
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
-from backends.hardware import available_memory, estimate_pair_memory
+from backends.engines.hardware import available_memory, estimate_pair_memory
 from gui.style import BAD, MUTED_TEXT, WARN
 
 if TYPE_CHECKING:
-    from backends.gguf_info import ModelInfo
+    from backends.models.gguf_info import ModelInfo
 
 RESOURCE_REFRESH_MS = 2000
 # Above this share of the available memory a load is risky: warn before the machine swaps.

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from backends.speculative import TokenOrigin
+from backends.speculation.types import TokenOrigin
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from backends.engine import Role
-    from backends.speculative import EmittedToken, SpeculationStats
+    from backends.engines.interface import Role
+    from backends.speculation.types import EmittedToken, SpeculationStats
 
 # streaming: being generated (or the app died while it was); interrupted: found streaming
 # when the history was reopened; cancelled: stopped by the user; error: the engine failed.

@@ -34,7 +34,7 @@ def main() -> int:
     """Write the build record."""
     import llama_cpp
 
-    from backends.hardware import llama_build_info
+    from backends.engines.hardware import llama_build_info
 
     build = llama_build_info()
     library_folder = Path(llama_cpp.__file__).parent / "lib"

@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from backends.engine import ChatMessage
-from backends.llama_engine import LlamaEngine, LlamaLoadSettings
-from backends.provision import (
+from backends.engines.interface import ChatMessage
+from backends.engines.llama import LlamaEngine, LlamaLoadSettings
+from backends.models.provision import (
     DEFAULT_DRAFT_KEY,
     DEFAULT_MAIN_KEY,
     INCOMPATIBLE_TEST_KEY,
@@ -161,7 +161,7 @@ def tiny_mlx_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def smollm_mlx(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2-135M imported into an MLX folder (8-bit: close to the GGUF's own numbers)."""
     pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[mlx-cpu]')")
-    from backends.gguf_to_mlx import ImportProgress, import_gguf
+    from backends.models.gguf_to_mlx import ImportProgress, import_gguf
 
     events: list[ImportProgress] = []
     folder = import_gguf(

@@ -1,4 +1,8 @@
-"""House rules that keep the layers apart: backends/ never imports Qt or the GUI."""
+"""House rules that keep the layers apart, checked on every module of every sub-package.
+
+backends/ never imports Qt or the GUI; no import cycle inside backends/ (types → drafters →
+planner → loop, and so on) or inside gui/; a module docstring in every Python file.
+"""
 
 from __future__ import annotations
 
@@ -7,46 +11,122 @@ import subprocess
 import sys
 from pathlib import Path
 
-BACKENDS = Path(__file__).resolve().parent.parent / "backends"
+ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = ROOT / "backends"
 FORBIDDEN = ("PySide6", "PyQt5", "PyQt6", "shiboken6", "gui")
+CHECKED_FOLDERS = ("backends", "gui", "tests", "benchmarks", "packaging")
 
 
-def imported_modules(path: Path) -> set[str]:
+def backend_modules(top: str = "backends") -> dict[str, Path]:
+    """Every module of a top-level package (backends/ unless told), recursively, by name."""
+    modules = {}
+    for path in sorted((ROOT / top).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """Every module ``path`` imports, at any depth of the file, as dotted names."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
+
+
+def import_graph(top: str = "backends") -> dict[str, set[str]]:
+    """Module → the modules of the same package it imports (lazily or not, typing or not)."""
+    modules = backend_modules(top)
+    return {
+        name: {imported for imported in imported_names(path, name) if imported in modules} - {name}
+        for name, path in modules.items()
+    }
+
+
+def test_every_sub_package_is_seen() -> None:
+    modules = backend_modules()
+    for package in ("engines", "speculation", "models", "service"):
+        assert f"backends.{package}" in modules
+        assert sum(name.startswith(f"backends.{package}.") for name in modules) >= 3
+    assert len(modules) > 30
 
 
 def test_backends_source_never_imports_qt() -> None:
     offenders = {
-        path.name: sorted(imported_modules(path) & set(FORBIDDEN)) for path in BACKENDS.glob("*.py")
+        name: sorted({n.split(".")[0] for n in imported_names(path, name)} & set(FORBIDDEN))
+        for name, path in backend_modules().items()
     }
     assert {name: mods for name, mods in offenders.items() if mods} == {}
 
 
+def test_backends_and_the_window_have_no_import_cycle() -> None:
+    assert _cycles(import_graph("backends")) == []
+    assert _cycles(import_graph("gui")) == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def test_the_speculation_layers_only_import_downwards() -> None:
+    graph = import_graph()
+    order = ["sampling", "types", "drafters", "ngram", "planner", "loop", "methods"]
+    for lower, module in enumerate(order):
+        higher = {f"backends.speculation.{name}" for name in order[lower + 1 :]}
+        assert not graph[f"backends.speculation.{module}"] & higher, module
+
+
 def test_importing_every_backend_module_loads_no_qt() -> None:
-    modules = [f"backends.{p.stem}" for p in BACKENDS.glob("*.py") if p.stem != "__init__"]
+    modules = [name for name in backend_modules() if not name.endswith(".mlx")]
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}: importlib.import_module(name)\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('PySide6', 'gui')]\n"
         "print(bad); sys.exit(1 if bad else 0)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_every_python_file_has_a_module_docstring() -> None:
-    root = BACKENDS.parent
     missing = [
-        str(path.relative_to(root))
-        for folder in ("backends", "gui", "tests", "benchmarks")
-        for path in (root / folder).glob("*.py")
-        if path.stat().st_size and ast.get_docstring(ast.parse(path.read_text())) is None
+        str(path.relative_to(ROOT))
+        for folder in CHECKED_FOLDERS
+        for path in (ROOT / folder).rglob("*.py")
+        if "build" not in path.relative_to(ROOT).parts
+        and path.stat().st_size
+        and ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) is None
     ]
     assert missing == []

@@ -7,16 +7,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from backends.engine import sync_cache
+from backends.engines.interface import sync_cache
 from backends.errors import SettingsError
-from backends.methods import build_decoder, parse_method
-from backends.ngram import NgramSimpleDrafter
-from backends.speculative import GenerationSettings, SpeculativeDecoder
-from backends.suite_prompts import SUITE_PROMPTS
+from backends.service.suite_prompts import SUITE_PROMPTS
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.methods import build_decoder, parse_method
+from backends.speculation.ngram import NgramSimpleDrafter
+from backends.speculation.types import GenerationSettings
 from tests.conftest import user
 
 if TYPE_CHECKING:
-    from backends.llama_engine import LlamaEngine
+    from backends.engines.llama import LlamaEngine
 
 PROMPTS = {prompt.key: prompt for prompt in SUITE_PROMPTS}
 

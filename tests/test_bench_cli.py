@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from backends.load_guard import CRASH_AT_ENV, CRASH_RECORDS_FILE
+from backends.engines.load_guard import CRASH_AT_ENV, CRASH_RECORDS_FILE
 from backends.paths import DATA_DIR_ENV
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-BENCH = [sys.executable, "-m", "backends.bench"]
+BENCH = [sys.executable, "-m", "backends.service.bench"]
 
 
 def run_bench(
@@ -181,7 +181,7 @@ def test_suite_table_and_json(smollm_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     runs = data["runs"]
-    from backends.bench import SUITE_METHODS
+    from backends.service.bench import SUITE_METHODS
 
     assert [run["method"] for run in runs] == [label for label, *_ in SUITE_METHODS]
     assert {run["prompt"] for run in runs} == {"type-hints"}

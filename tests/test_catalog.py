@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 import gguf
 import numpy as np
 
-from backends.catalog import (
+from backends.models.catalog import (
     CatalogScan,
     compatible_drafts,
     default_model_folders,
     huggingface_hub_cache,
     scan_models,
 )
-from backends.gguf_info import read_model_info
+from backends.models.gguf_info import read_model_info
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backends.engine import ChatMessage
-from backends.engine_protocol import (
+from backends.engines.interface import ChatMessage
+from backends.engines.llama import LlamaEngine, LlamaLoadSettings
+from backends.engines.load_guard import CRASH_AT_ENV
+from backends.service.protocol import (
     GenerateRequest,
     LoadRequest,
     generate_command,
@@ -21,27 +23,26 @@ from backends.engine_protocol import (
     stats_from_wire,
     tokens_from_wire,
 )
-from backends.llama_engine import LlamaEngine, LlamaLoadSettings
-from backends.load_guard import CRASH_AT_ENV
-from backends.speculative import GenerationSettings, SpeculativeDecoder, TokenOrigin
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.types import GenerationSettings, TokenOrigin
 from tests.conftest import TEST_CONTEXT
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from backends.methods import SpeculationMethod
+    from backends.speculation.methods import SpeculationMethod
 
 EVENT_TIMEOUT = 120.0
 QUESTION = "Write a Python function that checks whether a number is prime."
 
 
 class EngineProcess:
-    """Drives ``python -m backends.engine_server`` and reads its events with a timeout."""
+    """Drives ``python -m backends.service.engine_server`` and reads its events with a timeout."""
 
     def __init__(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "backends.engine_server"],
+            [sys.executable, "-m", "backends.service.engine_server"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

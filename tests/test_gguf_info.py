@@ -13,14 +13,14 @@ import gguf
 import numpy as np
 import pytest
 
-from backends.compat import (
+from backends.errors import IncompatiblePairError, ModelFileError
+from backends.models.compat import (
     SPEC_VOCAB_MAX_SIZE_DIFFERENCE,
     check_compatibility,
     compatibility_problem,
     first_differing_token,
 )
-from backends.errors import IncompatiblePairError, ModelFileError
-from backends.gguf_info import (
+from backends.models.gguf_info import (
     ModelInfo,
     NotALanguageModelError,
     clear_model_info_cache,

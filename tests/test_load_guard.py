@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from backends.load_guard import (
+from backends.engines.load_guard import (
     CRASH_AT_ENV,
     SAFEST,
     CrashRecords,
@@ -23,7 +23,7 @@ from backends.load_guard import (
     crash_message,
     remove_stage_listener,
 )
-from backends.weight_placement import CPU_FLAGS_ENV
+from backends.engines.weight_placement import CPU_FLAGS_ENV
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,7 +33,7 @@ REQUESTED = RiskySettings("auto", -1, None)
 
 def _checkpoint_in_child(crash_at: str, *, safe: bool) -> subprocess.CompletedProcess[str]:
     code = (
-        "from backends.load_guard import add_stage_listener, checkpoint\n"
+        "from backends.engines.load_guard import add_stage_listener, checkpoint\n"
         "add_stage_listener(lambda stage, model: print('reached', stage, model, flush=True))\n"
         f"checkpoint('main-probe', 'model.gguf', safe={safe})\n"
         "print('survived')\n"

@@ -14,14 +14,16 @@ import pytest
 
 pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[mlx-cpu]')")
 
-from backends.catalog import compatible_drafts, read_catalog_model, scan_models
-from backends.engines import open_engine
+from backends.engines.mlx import PREFILL_CHUNK, MlxEngine
+from backends.engines.selection import open_engine
 from backends.errors import ModelFileError
-from backends.methods import build_decoder
-from backends.mlx_engine import PREFILL_CHUNK, MlxEngine
-from backends.ngram import NgramSimpleDrafter
-from backends.sampling import SamplingSettings
-from backends.speculative import DraftModelDrafter, GenerationSettings, SpeculativeDecoder
+from backends.models.catalog import compatible_drafts, read_catalog_model, scan_models
+from backends.speculation.drafters import DraftModelDrafter
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.methods import build_decoder
+from backends.speculation.ngram import NgramSimpleDrafter
+from backends.speculation.sampling import SamplingSettings
+from backends.speculation.types import GenerationSettings
 from tests.conftest import user, write_tiny_mlx_folder
 
 if TYPE_CHECKING:
@@ -281,7 +283,7 @@ def test_bench_cli_runs_on_mlx_folders(tiny_mlx_main: Path, tiny_mlx_draft: Path
         [
             sys.executable,
             "-m",
-            "backends.bench",
+            "backends.service.bench",
             "--engine",
             "mlx",
             "--main",
@@ -314,8 +316,9 @@ def test_bench_cli_runs_on_mlx_folders(tiny_mlx_main: Path, tiny_mlx_draft: Path
 def test_mlx_is_imported_only_when_the_engine_is_chosen() -> None:
     code = (
         "import sys\n"
-        "import backends.bench, backends.catalog, backends.engines, backends.engine_server\n"
-        "import backends.mlx_engine, backends.gguf_to_mlx\n"
+        "import backends.service.bench, backends.models.catalog, backends.engines.selection\n"
+        "import backends.service.engine_server\n"
+        "import backends.engines.mlx, backends.models.gguf_to_mlx\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

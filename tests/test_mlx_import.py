@@ -13,26 +13,28 @@ import pytest
 
 pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[mlx-cpu]')")
 
-from backends.catalog import read_catalog_model
-from backends.compat import compatibility_problem
-from backends.gguf_to_mlx import (
+from backends.engines.llama import LlamaEngine, LlamaLoadSettings
+from backends.engines.mlx import MlxEngine
+from backends.models.catalog import read_catalog_model
+from backends.models.compat import compatibility_problem
+from backends.models.gguf_to_mlx import (
     hf_tensor_name,
     import_gguf,
     mlx_folder_for,
     unpermute_rows,
 )
-from backends.llama_engine import LlamaEngine, LlamaLoadSettings
-from backends.mlx_engine import MlxEngine
 from backends.paths import MODELS_DIR_ENV
-from backends.provision import main as specdeck_models
-from backends.speculative import DraftModelDrafter, GenerationSettings, SpeculativeDecoder
+from backends.service.models_cli import main as specdeck_models
+from backends.speculation.drafters import DraftModelDrafter
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.types import GenerationSettings
 from tests.conftest import TEST_CONTEXT, user
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from backends.engine import ModelEngine
+    from backends.engines.interface import ModelEngine
 
 # Measured: SmolLM2-135M Q4_1 imported at 8 bits agrees with llama.cpp on 47 of 49 greedy
 # next tokens (teacher-forced); at 4 bits (quantized twice) on 41 of 49. The imported
@@ -151,7 +153,7 @@ def test_concurrent_imports_of_one_model_both_succeed(smollm_path: Path, tmp_pat
     (abandoned / "hf").mkdir(parents=True)  # left by an import that was killed
     code = (
         "import sys; from pathlib import Path\n"
-        "from backends.gguf_to_mlx import ensure_mlx_import\n"
+        "from backends.models.gguf_to_mlx import ensure_mlx_import\n"
         "print(ensure_mlx_import(Path(sys.argv[1]), None, Path(sys.argv[2])))\n"
     )
     imports = [
@@ -173,7 +175,7 @@ def test_concurrent_imports_of_one_model_both_succeed(smollm_path: Path, tmp_pat
 
 def test_bench_imports_a_gguf_on_first_use_and_reuses_it(smollm_path: Path, tmp_path: Path) -> None:
     models = tmp_path / "models"
-    bench = [sys.executable, "-m", "backends.bench", "--engine", "mlx", "--json"]
+    bench = [sys.executable, "-m", "backends.service.bench", "--engine", "mlx", "--json"]
     pair = ["--main", str(smollm_path), "--draft", str(smollm_path), "--method", "draft-model"]
     short = ["--fixed-draft", "--p-min", "0", "--max-tokens", "16", "--ctx", "1024"]
     completed = subprocess.run(

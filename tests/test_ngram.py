@@ -9,16 +9,17 @@ import numpy as np
 import pytest
 
 from backends.errors import SettingsError
-from backends.ngram import NgramModDrafter, NgramSimpleDrafter
-from backends.sampling import SamplingSettings
-from backends.speculative import GenerationSettings, SpeculativeDecoder, TokenOrigin
-from backends.suite_prompts import SUITE_PROMPTS
+from backends.service.suite_prompts import SUITE_PROMPTS
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.ngram import NgramModDrafter, NgramSimpleDrafter
+from backends.speculation.sampling import SamplingSettings
+from backends.speculation.types import GenerationSettings, TokenOrigin
 from tests.conftest import user
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from backends.llama_engine import LlamaEngine
+    from backends.engines.llama import LlamaEngine
 
 GREEDY = SamplingSettings()
 RNG = np.random.default_rng(0)

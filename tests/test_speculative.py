@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from backends.engine import LogitRows, common_prefix_length
+from backends.engines.interface import LogitRows, common_prefix_length
 from backends.errors import ContextOverflowError, SettingsError
-from backends.sampling import SamplingSettings
-from backends.speculative import (
-    DraftModelDrafter,
+from backends.speculation.drafters import DraftModelDrafter
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.sampling import SamplingSettings
+from backends.speculation.types import (
     GenerationResult,
     GenerationSettings,
     SpeculationStats,
-    SpeculativeDecoder,
     TokenOrigin,
 )
 from tests.conftest import user
@@ -24,7 +24,7 @@ from tests.conftest import user
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from backends.llama_engine import LlamaEngine
+    from backends.engines.llama import LlamaEngine
 
 CODE_PROMPTS = [
     "Write a quicksort function in Python.",

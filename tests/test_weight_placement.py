@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from backends import weight_placement
-from backends.llama_engine import LlamaEngine, LlamaLoadSettings
-from backends.weight_placement import (
+from backends.engines import weight_placement
+from backends.engines.llama import LlamaEngine, LlamaLoadSettings
+from backends.engines.weight_placement import (
     AMX_BUFFER_TYPE,
     CPU_FLAGS_ENV,
     WeightPlan,
@@ -112,7 +112,7 @@ def test_on_this_amx_cpu_llama_cpp_would_pick_amx_without_the_withholding(
     code = (
         "import os, sys\n"
         "os.environ['SPECDECK_ALLOW_AMX'] = '1'\n"
-        "from backends.llama_engine import LlamaEngine, LlamaLoadSettings\n"
+        "from backends.engines.llama import LlamaEngine, LlamaLoadSettings\n"
         "settings = LlamaLoadSettings(n_ctx=512, weight_repacking='on', probe_exact_batch=False)\n"
         f"engine = LlamaEngine({str(smollm_path)!r}, settings)\n"
         "print(','.join(engine.load_report.weight_buffers))\n"

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtGui import QTextCursor, QTextDocument
 
-from backends.speculative import TokenOrigin
+from backends.speculation.types import TokenOrigin
 from gui.answer_text import (
     AnswerStyles,
     AnswerWriter,

@@ -10,8 +10,8 @@ import time
 from importlib.metadata import version
 from typing import TYPE_CHECKING
 
-from backends.load_guard import CRASH_AT_ENV
-from backends.weight_placement import CPU_FLAGS_ENV, cpu_model_name
+from backends.engines.load_guard import CRASH_AT_ENV
+from backends.engines.weight_placement import CPU_FLAGS_ENV, cpu_model_name
 from gui.about import about_lines, build_info
 
 if TYPE_CHECKING:

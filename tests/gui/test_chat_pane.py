@@ -10,7 +10,7 @@ from PySide6.QtCore import QEvent, QPoint
 from PySide6.QtGui import QFontInfo, QGuiApplication, QHelpEvent
 from PySide6.QtWidgets import QApplication, QToolTip
 
-from backends.speculative import EmittedToken, SpeculationStats, TokenOrigin
+from backends.speculation.types import EmittedToken, SpeculationStats, TokenOrigin
 from gui.answer_text import CODE_PADDING
 from gui.chat_pane import MAX_COLUMN_WIDTH, ChatPane
 from gui.style import (

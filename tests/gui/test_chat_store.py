@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from backends.paths import user_data_dir
-from backends.speculative import SpeculationStats, TokenOrigin
+from backends.speculation.types import SpeculationStats, TokenOrigin
 from gui.chat_store import (
     DEFAULT_TITLE,
     SCHEMA_VERSION,
@@ -255,7 +255,7 @@ CRASHING_WRITER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from backends.speculative import TokenOrigin
+    from backends.speculation.types import TokenOrigin
     from gui.chat_store import ChatStore
     from gui.transcript import TokenSpan
 

@@ -9,7 +9,7 @@ from PySide6.QtCore import QEvent, QPoint
 from PySide6.QtGui import QFontInfo, QHelpEvent
 from PySide6.QtWidgets import QApplication, QLabel, QToolTip
 
-from backends.speculative import EmittedToken, SpeculationStats, TokenOrigin
+from backends.speculation.types import EmittedToken, SpeculationStats, TokenOrigin
 from gui.answer_text import CODE_PADDING, AnswerBrowser, is_code_line
 from gui.compare_view import CompareView
 from gui.style import BAD, CODE_BACKGROUND, DRAFT_TOOLTIP, GOOD, WARN

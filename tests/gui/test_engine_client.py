@@ -6,10 +6,10 @@ import os
 import signal
 from typing import TYPE_CHECKING
 
-from backends.engine import ChatMessage
-from backends.engine_protocol import GenerateRequest, LoadRequest
-from backends.load_guard import CRASH_AT_ENV
-from backends.speculative import GenerationSettings, TokenOrigin
+from backends.engines.interface import ChatMessage
+from backends.engines.load_guard import CRASH_AT_ENV
+from backends.service.protocol import GenerateRequest, LoadRequest
+from backends.speculation.types import GenerationSettings, TokenOrigin
 from gui.engine_client import EngineClient, EngineDeath, LoadedPair
 from tests.gui.conftest import engine_wait
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import pytest
     from pytestqt.qtbot import QtBot
 
-    from backends.speculative import EmittedToken, SpeculationStats
+    from backends.speculation.types import EmittedToken, SpeculationStats
 
 LOAD_TIMEOUT_MS = 120_000
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from backends.load_guard import CRASH_AT_ENV, SAFEST, CrashRecords, RiskySettings
+from backends.engines.load_guard import CRASH_AT_ENV, SAFEST, CrashRecords, RiskySettings
 from gui.chat_store import ChatStore
 from gui.main_window import MainWindow
 from tests.gui.conftest import engine_wait, smollm_pair_settings

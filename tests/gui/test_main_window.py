@@ -11,8 +11,8 @@ from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtTest import QTest
 
-from backends.engine_protocol import LoadRequest
-from backends.speculative import TokenOrigin
+from backends.service.protocol import LoadRequest
+from backends.speculation.types import TokenOrigin
 from gui.chat_store import ChatStore
 from gui.main_window import MainWindow
 from gui.settings import AppSettings
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from pytestqt.qtbot import QtBot
 
-    from backends.speculative import EmittedToken, SpeculationStats
+    from backends.speculation.types import EmittedToken, SpeculationStats
 
 LOAD_TIMEOUT_MS = 120_000
 ANSWER_TIMEOUT_MS = 180_000

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[mlx-cpu]')")
 
-from backends.speculative import TokenOrigin
+from backends.speculation.types import TokenOrigin
 from gui.settings import AppSettings
 from tests.gui.test_main_window import QUESTION, _ask, _open_window, _Recorder
 

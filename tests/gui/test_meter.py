@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from backends.speculative import SpeculationStats
+from backends.speculation.types import SpeculationStats
 from gui.meter import RECENT_ROUNDS, AcceptanceMeter, PositionBars, RecentWindow
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import pytest
 import gui.settings as settings_module
 from backends.errors import SettingsError
 from backends.paths import user_data_dir
-from backends.speculative import DEFAULT_DRAFT_MAX, DEFAULT_MAX_TOKENS, DEFAULT_P_MIN
+from backends.speculation.types import DEFAULT_DRAFT_MAX, DEFAULT_MAX_TOKENS, DEFAULT_P_MIN
 from gui.settings import (
     SETTINGS,
     SETTINGS_VERSION,

@@ -21,11 +21,11 @@ from PySide6.QtWidgets import (
 )
 
 import gui.sidebar as sidebar_module
-from backends.catalog import CatalogScan, ScanProblem, scan_models
-from backends.engine import LoadReport
-from backends.engine_protocol import LoadRequest
+from backends.engines.interface import LoadReport
 from backends.errors import SettingsError
+from backends.models.catalog import CatalogScan, ScanProblem, scan_models
 from backends.paths import models_dir
+from backends.service.protocol import LoadRequest
 from gui.settings import DRAFT_CHOICE_NGRAM, DRAFT_CHOICE_OFF, SETTINGS, AppSettings
 from gui.sidebar import (
     DRAFT_MODEL_NEEDS_DRAFT,

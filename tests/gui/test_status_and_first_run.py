@@ -7,8 +7,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from backends.errors import ProvisioningError
-from backends.gguf_info import read_model_info
-from backends.provision import ProvisionProgress
+from backends.models.gguf_info import read_model_info
+from backends.models.provision import ProvisionProgress
 from gui.first_run import FirstRunDialog, default_pair_description
 from gui.status_bar import ResourceStatusBar, format_bytes
 

@@ -12,24 +12,24 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
-from backends.engine import ChatMessage
+from backends.engines.interface import DEFAULT_CONTEXT_SIZE, ChatMessage
+from backends.engines.load_guard import RiskySettings
+from backends.engines.weight_placement import WEIGHT_REPACKING_MODES, WeightRepacking
 from backends.errors import SettingsError
-from backends.load_guard import RiskySettings
-from backends.methods import DEFAULT_METHOD, SpeculationMethod, parse_method
-from backends.sampling import SamplingSettings
-from backends.speculative import (
+from backends.speculation.methods import DEFAULT_METHOD, SpeculationMethod, parse_method
+from backends.speculation.sampling import SamplingSettings
+from backends.speculation.types import (
     EmittedToken,
     GenerationSettings,
     SpeculationStats,
     TokenOrigin,
 )
-from backends.weight_placement import WEIGHT_REPACKING_MODES, WeightRepacking
 
 EngineKind = Literal["llama.cpp", "mlx"]
 ENGINE_KINDS: tuple[EngineKind, ...] = ("llama.cpp", "mlx")
 RunKind = Literal["speculative", "plain"]  # plain = the main model alone, for comparison
 
-DEFAULT_CONTEXT = 4096
+DEFAULT_CONTEXT = DEFAULT_CONTEXT_SIZE
 
 
 @dataclass(frozen=True)

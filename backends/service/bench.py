@@ -1,14 +1,14 @@
 """`specdeck-bench`: plain vs speculative decoding on one loaded main model, one prompt or a suite.
 
 One prompt: plain decoding, then the chosen method (``--method``, ``auto`` by default),
-side by side. ``--suite``: the prompts of :mod:`backends.suite_prompts`, each run plain and
+side by side. ``--suite``: the prompts of :mod:`backends.service.suite_prompts`, each run plain and
 with every method, in one table (tok/s, speedup, acceptance, chosen draft lengths,
 identical text) — the figures in the README come from it.
 
 A native crash cannot take the command down: the measuring runs in a worker process (this
 module again, with ``$SPECDECK_BENCH_WORKER`` naming a file where it writes how far its
 load got). When the worker dies while loading, the crash is recorded for that model and
-CPU (backends.load_guard), one line says what happened, and the worker runs once more,
+CPU (backends.engines.load_guard), one line says what happened, and the worker runs once more,
 when it loads with the safest settings; a second crash ends the command with exit code 3.
 """
 
@@ -27,12 +27,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from backends.catalog import read_catalog_model
-from backends.compat import check_compatibility
-from backends.engine import ChatMessage
-from backends.engine_protocol import ENGINE_KINDS
-from backends.errors import SettingsError, SpecDeckError
-from backends.load_guard import (
+from backends.engines.interface import DEFAULT_CONTEXT_SIZE, ChatMessage
+from backends.engines.load_guard import (
     SAFEST,
     SAFEST_DESCRIPTION,
     CrashRecords,
@@ -43,10 +39,23 @@ from backends.load_guard import (
     crash_message,
     signal_name,
 )
-from backends.methods import DEFAULT_METHOD, METHODS, SpeculationMethod, build_decoder, parse_method
-from backends.planner import CostCache
-from backends.sampling import SamplingSettings
-from backends.speculative import (
+from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
+from backends.errors import SettingsError, SpecDeckError
+from backends.models.catalog import read_catalog_model
+from backends.models.compat import check_compatibility
+from backends.service.protocol import ENGINE_KINDS
+from backends.service.suite_prompts import SUITE_PROMPTS
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.methods import (
+    DEFAULT_METHOD,
+    METHODS,
+    SpeculationMethod,
+    build_decoder,
+    parse_method,
+)
+from backends.speculation.planner import CostCache
+from backends.speculation.sampling import SamplingSettings
+from backends.speculation.types import (
     DEFAULT_DRAFT_MAX,
     DEFAULT_DRAFT_MIN,
     DEFAULT_LOOKUP_DRAFT_MAX,
@@ -54,16 +63,13 @@ from backends.speculative import (
     GenerationResult,
     GenerationSettings,
     SpeculationStats,
-    SpeculativeDecoder,
 )
-from backends.suite_prompts import SUITE_PROMPTS
-from backends.weight_placement import WEIGHT_REPACKING_MODES
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
-    from backends.engine import ModelEngine
-    from backends.engine_protocol import EngineKind
+    from backends.engines.interface import ModelEngine
+    from backends.service.protocol import EngineKind
 
 PROG = "specdeck-bench"
 DEFAULT_PROMPT = "Write a quicksort function in Python."
@@ -175,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="rejection",
         help="at temperature > 0: rejection sampling (default) or sample-and-match",
     )
-    parser.add_argument("--ctx", type=int, default=4096, help="context size in tokens")
+    parser.add_argument(
+        "--ctx", type=int, default=DEFAULT_CONTEXT_SIZE, help="context size in tokens"
+    )
     parser.add_argument("--threads", type=int, default=None, help="default: physical cores")
     parser.add_argument(
         "--gpu-layers", type=int, default=-1, help="main model layers on the GPU (-1 = all)"
@@ -241,12 +249,8 @@ def _read_prompt(args: argparse.Namespace) -> str:
 def _model_paths(args: argparse.Namespace) -> tuple[Path, Path]:
     main, draft = args.main, args.draft
     if main is None or draft is None:
-        from backends.provision import (
-            DEFAULT_DRAFT_KEY,
-            DEFAULT_MAIN_KEY,
-            TextProgressBar,
-            ensure_model,
-        )
+        from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, ensure_model
+        from backends.service.models_cli import TextProgressBar
 
         progress = TextProgressBar(sys.stderr)
         try:
@@ -263,7 +267,7 @@ def _mlx_folder(path: Path) -> Path:
     """A GGUF file's MLX import, made on first use (with a progress bar); anything else as is."""
     if not (path.is_file() and path.suffix.lower() == ".gguf"):
         return path  # an MLX folder, or a path the engine will name as missing or broken
-    from backends.gguf_to_mlx import ImportProgressBar, ensure_mlx_import
+    from backends.models.gguf_to_mlx import ImportProgressBar, ensure_mlx_import
 
     return ensure_mlx_import(path, ImportProgressBar(sys.stderr, path.stem))
 
@@ -273,34 +277,23 @@ def loaded_pair(
     main_path: Path,
     draft_path: Path | None,
     *,
-    n_ctx: int = 4096,
+    n_ctx: int = DEFAULT_CONTEXT_SIZE,
     engine: EngineKind = "llama.cpp",
     load_settings: RiskySettings = DEFAULT_LOAD,
 ) -> Iterator[tuple[ModelEngine, ModelEngine | None]]:
     """Check the pair, load both models (the draft fully offloaded), close them after."""
-    from backends.engines import open_engine
+    from backends.engines.selection import open_engine
 
     if draft_path is not None:
         check_compatibility(read_catalog_model(main_path), read_catalog_model(draft_path))
 
-    def load(path: Path, *, is_draft: bool) -> ModelEngine:
-        return open_engine(
-            engine,
-            path,
-            n_ctx=n_ctx,
-            gpu_layers=load_settings.gpu_layers,  # a draft goes fully onto the GPU anyway
-            n_threads=load_settings.n_threads,
-            weight_repacking=load_settings.weight_repacking,
-            is_draft=is_draft,
-        )
-
-    main = load(main_path, is_draft=False)
+    main = open_engine(engine, main_path, n_ctx=n_ctx, settings=load_settings)
     try:
         if draft_path is None:
             checkpoint("loaded", main_path)
             yield main, None
             return
-        draft = load(draft_path, is_draft=True)
+        draft = open_engine(engine, draft_path, n_ctx=n_ctx, settings=load_settings, is_draft=True)
         checkpoint("loaded", main_path)
         try:
             yield main, draft
@@ -349,7 +342,7 @@ def run_bench(
     *,
     method: SpeculationMethod = DEFAULT_METHOD,
     adaptive: bool = True,
-    n_ctx: int = 4096,
+    n_ctx: int = DEFAULT_CONTEXT_SIZE,
     warmup: bool = True,
     engine: EngineKind = "llama.cpp",
     load_settings: RiskySettings = DEFAULT_LOAD,
@@ -410,7 +403,7 @@ def run_suite(
     draft_path: Path,
     settings: GenerationSettings,
     *,
-    n_ctx: int = 4096,
+    n_ctx: int = DEFAULT_CONTEXT_SIZE,
     prompt_keys: Sequence[str] | None = None,
     progress: TextIO | None = None,
     engine: EngineKind = "llama.cpp",
@@ -616,7 +609,7 @@ def _watch_workers(arguments: list[str]) -> int:
         for attempt in (1, 2):
             stage_file.write_text("", encoding="utf-8")
             worker = subprocess.Popen(
-                [sys.executable, "-m", "backends.bench", *arguments],
+                [sys.executable, "-m", "backends.service.bench", *arguments],
                 env={**os.environ, WORKER_ENV: str(stage_file)},
             )
             try:

@@ -31,13 +31,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from backends.engine import common_prefix_length
+from backends.engines.interface import common_prefix_length
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from backends.engine import ModelEngine
-    from backends.speculative import Draft, Drafter
+    from backends.engines.interface import ModelEngine
+    from backends.speculation.types import Draft, Drafter
 
 log = logging.getLogger(__name__)
 
@@ -222,12 +222,12 @@ class DraftPlanner:
         self,
         target_costs: BatchCosts,
         drafters: Sequence[Drafter],
-        draft_costs: dict[int, BatchCosts] | None = None,
+        draft_costs: dict[Drafter, BatchCosts] | None = None,
     ) -> None:
         self.target_costs = target_costs
         self.drafters = list(drafters)
         self._draft_costs = dict(draft_costs or {})
-        self._acceptance: dict[tuple[int, int], PositionAcceptance] = {}
+        self._acceptance: dict[tuple[Drafter, int], PositionAcceptance] = {}
         self._overhead = 0.0  # seconds of loop time per round outside the engines
         self._shadows: list[_Shadow] = []
         self._rounds_unused: dict[int, int] = {}
@@ -242,7 +242,7 @@ class DraftPlanner:
     def acceptance(self, drafter: Drafter, evidence: int = 0) -> PositionAcceptance:
         """The acceptance estimate used for ``drafter``'s drafts at this evidence level."""
         level = self._evidence_level(drafter, evidence)
-        key = (id(drafter), level)
+        key = (drafter, level)
         estimate = self._acceptance.get(key)
         if estimate is None:
             if drafter.lookup:
@@ -254,7 +254,7 @@ class DraftPlanner:
 
     def draft_costs(self, drafter: Drafter) -> BatchCosts | None:
         """The calibrated forward-pass costs of a draft model (None for lookups)."""
-        return self._draft_costs.get(id(drafter))
+        return self._draft_costs.get(drafter)
 
     def verify_seconds(self, k: int, reach: Sequence[float], exact_chunk: int | None) -> float:
         """Expected time to verify ``k`` draft tokens (k + 1 rows), chunked, early exit."""
@@ -305,15 +305,15 @@ class DraftPlanner:
     def plan(
         self,
         context: Sequence[int],
-        limits: dict[int, int],
+        limits: dict[Drafter, int],
         exact_chunk: int | None,
         make_proposal: Callable[[Drafter, int], Draft],
     ) -> RoundPlan:
-        """Choose this round's plan; ``limits`` maps id(drafter) to its draft-length cap."""
+        """Choose this round's plan; ``limits`` maps each drafter to its draft-length cap."""
         plain = self.plain_rate()
         best = RoundPlan(None, 0, None, plain, plain)
         for drafter in self.drafters:
-            limit = limits.get(id(drafter), 0)
+            limit = limits.get(drafter, 0)
             if limit <= 0:
                 continue
             if drafter.lookup:
@@ -361,7 +361,7 @@ class DraftPlanner:
 
     def observe_draft(self, drafter: Drafter, size: int, seconds: float) -> None:
         """A measured draft-model forward pass."""
-        costs = self._draft_costs.get(id(drafter))
+        costs = self._draft_costs.get(drafter)
         if costs is not None:
             costs.observe(size, seconds)
 
@@ -397,7 +397,7 @@ class DraftPlanner:
 
 def _catch_up_tokens(drafter: Drafter, context: Sequence[int]) -> int:
     """Tokens a draft model must evaluate before its first draft token of this round."""
-    engine = getattr(drafter, "engine", None)
+    engine = drafter.engine
     if engine is None:
         return 1
     return max(1, len(context) - common_prefix_length(engine.cached_tokens, context))

@@ -28,358 +28,35 @@ from __future__ import annotations
 import codecs
 import logging
 import time
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import TYPE_CHECKING, Literal, Protocol
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.engine import ChatMessage, LogitRows, ModelEngine, extend_cache
+from backends.engines.interface import ChatMessage, LogitRows, ModelEngine, extend_cache
 from backends.errors import ContextOverflowError, SettingsError
-from backends.sampling import (
-    ProbArray,
-    SamplingSettings,
-    probabilities,
-    residual_distribution,
-    sample,
-    top_probability,
+from backends.speculation.drafters import NoDrafter
+from backends.speculation.planner import DRAFT_CALIBRATION_SIZES, CostCache, DraftPlanner
+from backends.speculation.sampling import probabilities, residual_distribution, sample
+from backends.speculation.types import (
+    Draft,
+    Drafter,
+    EmittedToken,
+    GenerationResult,
+    GenerationSettings,
+    GenerationUpdate,
+    SpeculationStats,
+    StopReason,
+    TokenOrigin,
 )
 
 if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator, Sequence
 
-    from backends.planner import CostCache, DraftPlanner, RoundPlan
+    from backends.speculation.planner import RoundPlan
 
 log = logging.getLogger(__name__)
-
-DEFAULT_DRAFT_MAX = 3  # llama.cpp's --spec-draft-n-max default
-DEFAULT_DRAFT_MIN = 0
-DEFAULT_P_MIN = 0.75  # llama.cpp's --spec-draft-p-min default
-DEFAULT_MAX_TOKENS = 512
-DEFAULT_LOOKUP_DRAFT_MAX = 16  # lookups are free to make, so they may propose long runs
-
-Verification = Literal["rejection", "sample-match"]
-StopReason = Literal["eos", "max_tokens", "stop_string", "cancelled", "context_full"]
-
-
-class TokenOrigin(StrEnum):
-    """Who produced an emitted token."""
-
-    DRAFT = "draft"  # drafted and accepted by the target
-    TARGET = "target"  # the target's own token (plain step, correction or bonus)
-
-
-@dataclass(frozen=True)
-class EmittedToken:
-    """One generated token, its text (possibly empty mid-character) and its origin."""
-
-    token_id: int
-    text: str
-    origin: TokenOrigin
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    """Everything that shapes one generation besides the prompt and the models."""
-
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)
-    draft_max: int = DEFAULT_DRAFT_MAX
-    draft_min: int = DEFAULT_DRAFT_MIN
-    p_min: float = DEFAULT_P_MIN
-    stop_strings: tuple[str, ...] = ()
-    verification: Verification = "rejection"
-    lookup_draft_max: int = DEFAULT_LOOKUP_DRAFT_MAX
-    # At temperature 0, verify in batches the engine computes bit-exactly, so the text is
-    # exactly plain decoding's. False verifies a draft in one batch, as llama.cpp does:
-    # faster where big batches are cheap, but a near-tie may then resolve differently.
-    exact_batches: bool = True
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise SettingsError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.draft_max < 1:
-            raise SettingsError(f"draft_max must be >= 1, got {self.draft_max}")
-        if self.lookup_draft_max < 1:
-            raise SettingsError(f"lookup_draft_max must be >= 1, got {self.lookup_draft_max}")
-        if not 0 <= self.draft_min <= self.draft_max:
-            raise SettingsError(
-                f"draft_min must be between 0 and draft_max ({self.draft_max}), "
-                f"got {self.draft_min}"
-            )
-        if not 0.0 <= self.p_min <= 1.0:
-            raise SettingsError(f"p_min must be in [0, 1], got {self.p_min}")
-        if any(not stop for stop in self.stop_strings):
-            raise SettingsError("stop strings must not be empty")
-        if self.verification not in ("rejection", "sample-match"):
-            raise SettingsError(
-                f"verification must be 'rejection' or 'sample-match', got {self.verification!r}"
-            )
-
-
-@dataclass
-class SpeculationStats:
-    """Live and final statistics of one generation (LM Studio's names where it has them)."""
-
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    rounds: int = 0
-    total_draft_tokens_count: int = 0
-    accepted_draft_tokens_count: int = 0
-    rejected_draft_tokens_count: int = 0
-    ignored_draft_tokens_count: int = 0
-    # verified_at_position[i]: drafts whose (i+1)-th token reached verification
-    verified_at_position: list[int] = field(default_factory=list)
-    accepted_at_position: list[int] = field(default_factory=list)
-    draft_length_counts: dict[int, int] = field(default_factory=dict)
-    rounds_by_method: dict[str, int] = field(default_factory=dict)  # "none" = plain step
-    time_to_first_token_sec: float | None = None
-    generation_seconds: float = 0.0  # from the first token to the last
-    total_seconds: float = 0.0  # from the start of prompt processing to the last token
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    engine_seconds: float = 0.0  # inside the engines' forward passes (draft and target)
-    stop_reason: StopReason | None = None
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """Accepted / drafted, as LM Studio reports it (None before anything was drafted)."""
-        if self.total_draft_tokens_count == 0:
-            return None
-        return self.accepted_draft_tokens_count / self.total_draft_tokens_count
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Generation speed after the first token (prompt processing excluded)."""
-        if self.generated_tokens <= 1 or self.generation_seconds <= 0.0:
-            if self.total_seconds > 0.0:
-                return self.generated_tokens / self.total_seconds
-            return 0.0
-        return (self.generated_tokens - 1) / self.generation_seconds
-
-    def speedup_over(self, baseline: SpeculationStats) -> float | None:
-        """Tokens per second relative to ``baseline`` (None when the baseline has no speed)."""
-        base = baseline.tokens_per_second
-        return self.tokens_per_second / base if base > 0 else None
-
-    @property
-    def acceptance_by_position(self) -> list[float | None]:
-        """For each draft position, the share of drafts reaching it whose token there was kept."""
-        return [
-            accepted / verified if verified else None
-            for accepted, verified in zip(
-                self.accepted_at_position, self.verified_at_position, strict=True
-            )
-        ]
-
-    @property
-    def overhead_seconds(self) -> float:
-        """Time of the loop outside the engines' forward passes (Python, sampling, copies)."""
-        return max(0.0, self.total_seconds - self.engine_seconds)
-
-    def snapshot(self) -> SpeculationStats:
-        """A copy safe to hand to another thread."""
-        return replace(
-            self,
-            verified_at_position=list(self.verified_at_position),
-            accepted_at_position=list(self.accepted_at_position),
-            draft_length_counts=dict(self.draft_length_counts),
-            rounds_by_method=dict(self.rounds_by_method),
-        )
-
-    def as_dict(self) -> dict[str, object]:
-        """Plain data for JSON output (counts, timings, rates)."""
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "generated_tokens": self.generated_tokens,
-            "rounds": self.rounds,
-            "total_draft_tokens_count": self.total_draft_tokens_count,
-            "accepted_draft_tokens_count": self.accepted_draft_tokens_count,
-            "rejected_draft_tokens_count": self.rejected_draft_tokens_count,
-            "ignored_draft_tokens_count": self.ignored_draft_tokens_count,
-            "acceptance_rate": self.acceptance_rate,
-            "acceptance_by_position": self.acceptance_by_position,
-            "draft_length_counts": {str(k): v for k, v in sorted(self.draft_length_counts.items())},
-            "rounds_by_method": dict(self.rounds_by_method),
-            "tokens_per_second": self.tokens_per_second,
-            "time_to_first_token_sec": self.time_to_first_token_sec,
-            "generation_seconds": self.generation_seconds,
-            "total_seconds": self.total_seconds,
-            "draft_seconds": self.draft_seconds,
-            "verify_seconds": self.verify_seconds,
-            "engine_seconds": self.engine_seconds,
-            "overhead_seconds": self.overhead_seconds,
-            "stop_reason": self.stop_reason,
-        }
-
-
-@dataclass(frozen=True)
-class GenerationUpdate:
-    """What one round produced: newly released tokens and the stats so far."""
-
-    tokens: tuple[EmittedToken, ...]
-    stats: SpeculationStats
-    finished: bool
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """A finished generation: its tokens with their origins, its text and its stats."""
-
-    tokens: tuple[EmittedToken, ...]
-    stats: SpeculationStats
-
-    @property
-    def text(self) -> str:
-        """The generated text (stop string and end-of-generation token excluded)."""
-        return "".join(token.text for token in self.tokens)
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The generated token ids."""
-        return [token.token_id for token in self.tokens]
-
-
-@dataclass
-class Draft:
-    """Proposed tokens and, when they were sampled, the draft distribution q of each."""
-
-    tokens: list[int]
-    distributions: list[ProbArray] | None  # None: deterministic (greedy or lookup) drafts
-    evidence: int = 0  # a lookup's match length (how much the proposal is backed by)
-
-
-class Drafter(Protocol):
-    """Proposes the next tokens of a context.
-
-    ``lookup`` is True for drafters whose proposals cost next to nothing (table lookups):
-    the planner asks them before deciding. False for model drafters, whose cost grows with
-    every token drafted.
-    """
-
-    @property
-    def name(self) -> str:
-        """What the drafter is, for reports ("none", "draft model 'Qwen…'")."""
-        ...
-
-    @property
-    def lookup(self) -> bool:
-        """Whether drafting is a negligible-cost lookup."""
-        ...
-
-    def draft(
-        self,
-        context: Sequence[int],
-        max_tokens: int,
-        sampling: SamplingSettings,
-        rng: np.random.Generator,
-        cancel: threading.Event | None,
-    ) -> Draft:
-        """Propose at most ``max_tokens`` tokens to follow ``context``."""
-        ...
-
-    def engine_seconds(self) -> float:
-        """Wall time the drafter spent in forward passes so far."""
-        ...
-
-
-class NoDrafter:
-    """Plain decoding through the same loop: never drafts."""
-
-    name = "none"
-    lookup = True
-
-    def draft(
-        self,
-        context: Sequence[int],
-        max_tokens: int,
-        sampling: SamplingSettings,
-        rng: np.random.Generator,
-        cancel: threading.Event | None,
-    ) -> Draft:
-        """Propose nothing."""
-        return Draft(tokens=[], distributions=None)
-
-    def engine_seconds(self) -> float:
-        """No forward passes."""
-        return 0.0
-
-
-class DraftModelDrafter:
-    """Drafts with a small model sharing the target's tokenizer.
-
-    Greedy at temperature 0; at temperature > 0 the tokens are sampled from the draft's own
-    distribution q (with the same sampling transform as the target), and q is handed to the
-    rejection sampler. Drafting stops early once the draft's top probability falls below
-    ``p_min``, or after an end-of-generation token.
-    """
-
-    lookup = False
-
-    def __init__(
-        self,
-        engine: ModelEngine,
-        p_min: float = DEFAULT_P_MIN,
-        sampling: SamplingSettings | None = None,
-    ) -> None:
-        self.engine = engine
-        self.p_min = p_min
-        # The draft may sample with its own settings (q is recorded either way, so the
-        # output still follows the target); None uses the target's settings.
-        self.sampling = sampling
-        self._end_ids = engine.vocab.end_of_generation_ids
-        # (tokens evaluated, seconds) of each forward pass of the last draft() call
-        self.last_passes: list[tuple[int, float]] = []
-
-    @property
-    def name(self) -> str:
-        """The draft model's name."""
-        return f"draft model '{self.engine.name}'"
-
-    def engine_seconds(self) -> float:
-        """Time in the draft model's forward passes."""
-        return self.engine.decode_seconds
-
-    def draft(
-        self,
-        context: Sequence[int],
-        max_tokens: int,
-        sampling: SamplingSettings,
-        rng: np.random.Generator,
-        cancel: threading.Event | None,
-    ) -> Draft:
-        """Run the draft model for up to ``max_tokens`` steps after catching its cache up."""
-        if self.sampling is not None and not sampling.greedy:
-            sampling = self.sampling
-        tokens: list[int] = []
-        distributions: list[ProbArray] | None = None if sampling.greedy else []
-        passes = self.last_passes = []
-        if max_tokens <= 0:
-            return Draft(tokens, distributions)
-        started = time.perf_counter()
-        rows, evaluated = extend_cache(self.engine, context)
-        passes.append((evaluated, time.perf_counter() - started))
-        for step in range(max_tokens):
-            row = rows[-1]
-            if distributions is None:
-                token = int(np.argmax(row))
-                if self.p_min > 0.0 and top_probability(row, sampling) < self.p_min:
-                    break
-            else:
-                q = probabilities(row, sampling)
-                if float(q.max()) < self.p_min:
-                    break
-                token = sample(q, rng)
-                distributions.append(q)
-            tokens.append(token)
-            last_step = step + 1 == max_tokens
-            if last_step or token in self._end_ids or (cancel is not None and cancel.is_set()):
-                break
-            started = time.perf_counter()
-            rows = self.engine.evaluate([token], 1)
-            passes.append((1, time.perf_counter() - started))
-        return Draft(tokens, distributions)
 
 
 class _StopStringWatcher:
@@ -453,16 +130,14 @@ class SpeculativeDecoder:
         if not self.adaptive:
             return None
         if self._planner is None:
-            from backends.planner import DRAFT_CALIBRATION_SIZES, CostCache, DraftPlanner
-
             if self._cost_cache is None:
                 self._cost_cache = CostCache()
             cache = self._cost_cache
             target_costs = cache.costs(self.target)
             draft_costs = {
-                id(drafter): cache.costs(engine, DRAFT_CALIBRATION_SIZES)
+                drafter: cache.costs(drafter.engine, DRAFT_CALIBRATION_SIZES)
                 for drafter in self.drafters
-                if (engine := getattr(drafter, "engine", None)) is not None
+                if drafter.engine is not None
             }
             self._planner = DraftPlanner(target_costs, self.drafters, draft_costs)
         return self._planner
@@ -583,9 +258,11 @@ class _Generation:
     def _make_draft(self, drafter: Drafter, max_tokens: int) -> Draft:
         started = time.perf_counter()
         draft = drafter.draft(self.context, max_tokens, self.sampling, self.rng, self.cancel)
-        self.stats.draft_seconds += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.stats.draft_seconds += elapsed
+        drafter.stats.seconds += elapsed
         if self.planner is not None:
-            for size, seconds in getattr(drafter, "last_passes", ()):
+            for size, seconds in drafter.last_passes:
                 self.planner.observe_draft(drafter, size, seconds)
         return draft
 
@@ -600,7 +277,7 @@ class _Generation:
                 if draft.tokens or drafter is self.drafters[-1]:
                     return None, drafter, draft
             raise AssertionError("unreachable")
-        limits = {id(d): self._draft_limit(d, budget) for d in self.drafters}
+        limits = {d: self._draft_limit(d, budget) for d in self.drafters}
         plan = self.planner.plan(self.context, limits, self.exact_chunk, self._make_draft)
         if plan.drafter is None:
             return plan, None, Draft([], None)
@@ -640,6 +317,8 @@ class _Generation:
         )
         method = drafter.name if drafter is not None and draft.tokens else "none"
         self.stats.rounds_by_method[method] = self.stats.rounds_by_method.get(method, 0) + 1
+        if drafter is not None and draft.tokens:
+            drafter.stats.record(len(draft.tokens), accepted)
         self.stats.rejected_draft_tokens_count += len(draft.tokens) - accepted
         for index, token in enumerate(draft.tokens[:accepted]):
             if self.finished:

@@ -5,16 +5,17 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
+from backends.engines.load_guard import SAFEST, RiskySettings, checkpoint
 from backends.errors import SettingsError
-from backends.load_guard import SAFEST, RiskySettings, checkpoint
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from backends.engine import ModelEngine
-    from backends.engine_protocol import EngineKind
-    from backends.llama_engine import LoadProgress
-    from backends.weight_placement import WeightRepacking
+    from backends.engines.interface import ModelEngine
+    from backends.engines.llama import LoadProgress
+    from backends.service.protocol import EngineKind
+
+DEFAULT_SETTINGS = RiskySettings()  # as llama.cpp loads: all layers on the GPU, repacking
 
 
 def installed_engines() -> list[EngineKind]:
@@ -32,36 +33,35 @@ def open_engine(
     path: Path,
     *,
     n_ctx: int,
-    gpu_layers: int = -1,
-    n_threads: int | None = None,
-    weight_repacking: WeightRepacking = "auto",
+    settings: RiskySettings = DEFAULT_SETTINGS,
     is_draft: bool = False,
     progress: LoadProgress | None = None,
 ) -> ModelEngine:
     """Load ``path`` with the engine ``kind``; the draft always goes fully onto the GPU.
 
     llama.cpp loads GGUF files; MLX loads MLX model folders (config.json, safetensors,
-    tokenizer.json), which ``backends.gguf_to_mlx`` can make from a GGUF file.
+    tokenizer.json), which ``backends.models.gguf_to_mlx`` can make from a GGUF file.
+    ``settings`` holds the main model's GPU layers (a draft goes fully onto the GPU), the
+    threads and weight repacking.
     """
-    risky = RiskySettings(weight_repacking, gpu_layers, n_threads)
-    checkpoint("draft-model" if is_draft else "main-model", path, safe=risky == SAFEST)
+    checkpoint("draft-model" if is_draft else "main-model", path, safe=settings == SAFEST)
     if kind == "llama.cpp":
-        from backends.llama_engine import LlamaEngine, LlamaLoadSettings
+        from backends.engines.llama import LlamaEngine, LlamaLoadSettings
 
-        settings = LlamaLoadSettings(
+        load = LlamaLoadSettings(
             n_ctx=n_ctx,
-            gpu_layers=gpu_layers,
-            n_threads=n_threads,
-            weight_repacking=weight_repacking,
+            gpu_layers=settings.gpu_layers,
+            n_threads=settings.n_threads,
+            weight_repacking=settings.weight_repacking,
         )
-        return LlamaEngine(path, settings, is_draft=is_draft, progress=progress)
+        return LlamaEngine(path, load, is_draft=is_draft, progress=progress)
     if kind == "mlx":
         if importlib.util.find_spec("mlx_lm") is None:
             raise SettingsError(
                 "the MLX engine needs mlx-lm (Apple Silicon, or mlx[cpu] on Linux); "
                 "choose llama.cpp or install SpecDeck's mlx-cpu extra"
             )
-        from backends.mlx_engine import MlxEngine
+        from backends.engines.mlx import MlxEngine
 
         # gpu_layers, n_threads and weight repacking do not apply: MLX keeps every layer on
         # its one device.

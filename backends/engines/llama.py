@@ -9,27 +9,35 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.chat_template import ChatTemplate
-from backends.engine import ChatMessage, LoadReport, LogitRows, VocabFacts, probe_exact_batch_limit
-from backends.errors import ContextOverflowError, EngineError, ModelFileError, SettingsError
-from backends.gguf_info import read_model_info
-from backends.hardware import llama_build_info, load_ggml_backends, physical_cores
-from backends.load_guard import SAFEST, RiskySettings, checkpoint
-from backends.weight_placement import (
+from backends.engines.base import EngineBase
+from backends.engines.chat_template import ChatTemplate
+from backends.engines.hardware import llama_build_info, load_ggml_backends, physical_cores
+from backends.engines.interface import (
+    DEFAULT_CONTEXT_SIZE,
+    LogitRows,
+    VocabFacts,
+    probe_exact_batch_limit,
+)
+from backends.engines.load_guard import SAFEST, RiskySettings, checkpoint
+from backends.engines.weight_placement import (
     WEIGHT_REPACKING_MODES,
     WeightPlan,
     WeightRepacking,
     apply_plan,
 )
+from backends.errors import EngineError, ModelFileError, SettingsError
+from backends.models.gguf_info import read_model_info
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 log = logging.getLogger(__name__)
-native_log = logging.getLogger("backends.llama_engine.native")
+native_log = logging.getLogger("backends.engines.llama.native")
 
-DEFAULT_CONTEXT_SIZE = 4096
 DEFAULT_BATCH_SIZE = 512
 ALL_LAYERS = -1
 _TOKEN_PIECE_BUFFER = 256
@@ -157,7 +165,7 @@ def _init_llama() -> _NativeLog:
         return _native_log
 
 
-class LlamaEngine:
+class LlamaEngine(EngineBase):
     """A GGUF model loaded into llama.cpp with one context and one sequence."""
 
     def __init__(
@@ -170,9 +178,9 @@ class LlamaEngine:
     ) -> None:
         import llama_cpp
 
+        super().__init__(path)
         self._llama = llama_cpp
         self.settings = settings or LlamaLoadSettings()
-        self.path = Path(path)
         self.info = read_model_info(self.path)  # clear errors for missing/corrupt files first
         native = _init_llama()
         native.take_errors()
@@ -237,74 +245,30 @@ class LlamaEngine:
         for index in range(self._n_batch):
             self._batch.n_seq_id[index] = 1
             self._batch.seq_id[index][0] = 0
-        self._tokens: list[int] = []
-        self._decode_seconds = 0.0
-        self._piece_cache: dict[int, bytes] = {}
-        self._closed = False
 
         offloaded = 0
         if build.supports_gpu_offload:
             offloaded = n_layers if gpu_layers == ALL_LAYERS else min(gpu_layers, n_layers)
         self._vocab_facts = self._read_vocab_facts()
         self._template = ChatTemplate(self.info.chat_template, self.info.name)
-        self._exact_batch_limit: int | None = None
         weight_buffers = native.take_weight_buffers()
         if self.settings.probe_exact_batch and not is_draft:
             # The first forward pass: where a broken CPU kernel crashes.
             checkpoint("main-probe", self.path, safe=self.settings.risky == SAFEST)
             self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, self._n_batch)
-        self._load_report = LoadReport(
-            model_name=self.info.name,
+        self._finish_load(
+            started,
             backend=build.backend_label,
             n_layers=n_layers,
             gpu_layers=offloaded,
             kv_cache_on_gpu=build.supports_gpu_offload and offloaded > 0,
-            n_ctx=self._n_ctx,
             n_threads=threads,
-            # Until the probe was done: that is what the user waited for.
-            load_seconds=time.perf_counter() - started,
             unified_memory=build.backend == "Metal",
             notes=(self.weight_plan.note,),
             weight_buffers=weight_buffers,
         )
-        log.info("loaded %s: %s", self.info.name, self._load_report.placement)
 
     # -- facts -----------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        """The model's display name."""
-        return self.info.name
-
-    @property
-    def vocab(self) -> VocabFacts:
-        """Tokenizer facts."""
-        return self._vocab_facts
-
-    @property
-    def n_ctx(self) -> int:
-        """Context size in tokens."""
-        return self._n_ctx
-
-    @property
-    def cached_tokens(self) -> Sequence[int]:
-        """The tokens in the KV cache."""
-        return self._tokens
-
-    @property
-    def load_report(self) -> LoadReport:
-        """Where the layers went."""
-        return self._load_report
-
-    @property
-    def decode_seconds(self) -> float:
-        """Time spent in llama_decode since load."""
-        return self._decode_seconds
-
-    @property
-    def exact_batch_limit(self) -> int | None:
-        """Largest batch whose logits equal single-token logits bitwise (None: not probed)."""
-        return self._exact_batch_limit
 
     def _read_vocab_facts(self) -> VocabFacts:
         llama = self._llama
@@ -339,11 +303,7 @@ class LlamaEngine:
             )
         return list(buffer[:count])
 
-    def token_bytes(self, token: int) -> bytes:
-        """One token's text as bytes (special tokens render as nothing)."""
-        cached = self._piece_cache.get(token)
-        if cached is not None:
-            return cached
+    def _token_piece(self, token: int) -> bytes:
         buffer = ctypes.create_string_buffer(_TOKEN_PIECE_BUFFER)
         length = self._llama.llama_token_to_piece(
             self._vocab, token, buffer, _TOKEN_PIECE_BUFFER, 0, False
@@ -351,13 +311,7 @@ class LlamaEngine:
         if length < 0:
             buffer = ctypes.create_string_buffer(-length)
             length = self._llama.llama_token_to_piece(self._vocab, token, buffer, -length, 0, False)
-        piece = buffer.raw[:length]
-        self._piece_cache[token] = piece
-        return piece
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        """Token ids back to text."""
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+        return bytes(buffer.raw[:length])
 
     def _token_text(self, token: int | None) -> str:
         if token is None:
@@ -365,26 +319,12 @@ class LlamaEngine:
         text = self._llama.llama_vocab_get_text(self._vocab, token)
         return text.decode("utf-8", errors="replace") if text else ""
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
-        """Render the model's own chat template for the next assistant turn."""
-        return self._template.render(
-            messages, self._token_text(self.vocab.bos_id), self._token_text(self.vocab.eos_id)
-        )
-
     # -- evaluation ------------------------------------------------------------------------
 
     def evaluate(self, tokens: Sequence[int], logit_rows: int) -> LogitRows:
         """Decode ``tokens`` after the cache in chunks of n_batch; logits of the last rows."""
         count = len(tokens)
-        if not 1 <= logit_rows <= min(count, self._n_batch):
-            raise ValueError(
-                f"logit_rows={logit_rows} for {count} tokens (n_batch {self._n_batch})"
-            )
-        position = len(self._tokens)
-        if position + count > self._n_ctx:
-            raise ContextOverflowError(
-                f"{position + count} tokens do not fit the context of {self._n_ctx} tokens"
-            )
+        position = self._batch_position(count, logit_rows, self._n_batch, "n_batch")
         first_output = count - logit_rows
         batch = self._batch
         llama = self._llama
@@ -411,11 +351,7 @@ class LlamaEngine:
     def _native_errors(self) -> str:
         return _native_log.take_errors() if _native_log is not None else ""
 
-    def truncate(self, n_tokens: int) -> None:
-        """Drop cached tokens from position ``n_tokens`` on."""
-        if n_tokens >= len(self._tokens):
-            return
-        n_tokens = max(0, n_tokens)
+    def _roll_back(self, n_tokens: int) -> None:
         if not self._llama.llama_memory_seq_rm(self._memory, 0, n_tokens, -1):
             # Recurrent caches cannot drop a partial sequence: start over.
             self._llama.llama_memory_clear(self._memory, True)
@@ -423,17 +359,7 @@ class LlamaEngine:
             return
         del self._tokens[n_tokens:]
 
-    def close(self) -> None:
-        """Free the batch, context and model (safe to call twice)."""
-        if self._closed:
-            return
-        self._closed = True
+    def _free(self) -> None:
         self._llama.llama_batch_free(self._batch)
         self._llama.llama_free(self._ctx)
         self._llama.llama_model_free(self._model)
-
-    def __enter__(self) -> LlamaEngine:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()

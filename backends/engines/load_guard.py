@@ -31,12 +31,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from backends.engines.weight_placement import cpu_flags, cpu_model_name
 from backends.errors import SpecDeckError
 from backends.paths import user_data_dir
-from backends.weight_placement import cpu_flags, cpu_model_name
 
 if TYPE_CHECKING:
-    from backends.weight_placement import WeightRepacking
+    from backends.engines.weight_placement import WeightRepacking
 
 log = logging.getLogger(__name__)
 

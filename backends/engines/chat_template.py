@@ -13,7 +13,7 @@ from backends.errors import SettingsError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from backends.engine import ChatMessage
+    from backends.engines.interface import ChatMessage
 
 log = logging.getLogger(__name__)
 

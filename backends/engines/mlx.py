@@ -5,25 +5,29 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends.catalog import MLX_TOKENIZER_FILE, read_mlx_model_info
-from backends.chat_template import ChatTemplate
-from backends.engine import LoadReport, LogitRows, VocabFacts, probe_exact_batch_limit
-from backends.errors import ContextOverflowError, EngineError, ModelFileError, SettingsError
-from backends.hardware import physical_cores
+from backends.engines.base import EngineBase
+from backends.engines.chat_template import ChatTemplate
+from backends.engines.hardware import physical_cores
+from backends.engines.interface import (
+    DEFAULT_CONTEXT_SIZE,
+    LogitRows,
+    VocabFacts,
+    probe_exact_batch_limit,
+)
+from backends.errors import EngineError, ModelFileError, SettingsError
+from backends.models.mlx_info import MLX_TOKENIZER_FILE, read_mlx_model_info
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from pathlib import Path
 
-    from backends.engine import ChatMessage
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONTEXT_SIZE = 4096
 # Prompts are evaluated in chunks this long, which bounds the memory of a long prompt; only
 # the rows asked for go through the output layer.
 PREFILL_CHUNK = 512
@@ -68,7 +72,7 @@ def _byte_level_decoder() -> dict[str, int]:
     return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
 
 
-class MlxEngine:
+class MlxEngine(EngineBase):
     """An MLX model folder loaded with mlx-lm, with one KV cache."""
 
     def __init__(
@@ -82,7 +86,7 @@ class MlxEngine:
     ) -> None:
         if n_ctx < 0:
             raise SettingsError(f"context size must be >= 0, got {n_ctx}")
-        self.path = Path(path)
+        super().__init__(path)
         self.info = read_mlx_model_info(self.path)  # clear errors for missing/broken folders
         started = time.perf_counter()
         import mlx.core as mx
@@ -116,9 +120,6 @@ class MlxEngine:
         if progress is not None:
             progress(0.8)
         self._cache: list[Any] = make_prompt_cache(model)
-        self._tokens: list[int] = []
-        self._decode_seconds = 0.0
-        self._closed = False
 
         n_layers = len(getattr(model, "layers", ())) or self.info.n_layers or 0
         train_ctx = self.info.context_length or 0
@@ -131,62 +132,22 @@ class MlxEngine:
         self._n_vocab = int(self._output_width())
         self._vocab_facts = self._read_vocab_facts()
         self._template = ChatTemplate(self.info.chat_template, self.info.name)
-        self._exact_batch_limit: int | None = None
         if probe_exact_batch and not is_draft:
             self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, PREFILL_CHUNK)
         if progress is not None:
             progress(1.0)
-        self._load_report = LoadReport(
-            model_name=self.info.name,
+        self._finish_load(
+            started,
             backend=backend,
             n_layers=n_layers,
             gpu_layers=n_layers if on_gpu else 0,
             kv_cache_on_gpu=on_gpu,
-            n_ctx=self._n_ctx,
             n_threads=physical_cores(),
-            # Until the probe was done: that is what the user waited for.
-            load_seconds=time.perf_counter() - started,
             notes=tuple(notes),
             unified_memory=on_metal,
         )
-        log.info("loaded %s: %s", self.info.name, self._load_report.placement)
 
     # -- facts -----------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        """The model's display name."""
-        return self.info.name
-
-    @property
-    def vocab(self) -> VocabFacts:
-        """Tokenizer facts."""
-        return self._vocab_facts
-
-    @property
-    def n_ctx(self) -> int:
-        """Context size in tokens."""
-        return self._n_ctx
-
-    @property
-    def cached_tokens(self) -> Sequence[int]:
-        """The tokens in the KV cache."""
-        return self._tokens
-
-    @property
-    def load_report(self) -> LoadReport:
-        """Where the model went."""
-        return self._load_report
-
-    @property
-    def decode_seconds(self) -> float:
-        """Time spent in forward passes since load."""
-        return self._decode_seconds
-
-    @property
-    def exact_batch_limit(self) -> int | None:
-        """Largest batch whose logits equal single-token logits bitwise (None: not probed)."""
-        return self._exact_batch_limit
 
     def _output_width(self) -> int:
         probe = self._model(self._mx.array([[0]]), cache=self._make_cache(self._model))
@@ -213,7 +174,6 @@ class MlxEngine:
         self._byte_fallback = bool((spec.get("model") or {}).get("byte_fallback"))
         self._metaspace = "▁" in decoder or "Metaspace" in decoder
         self._byte_map = _byte_level_decoder() if self._byte_level else {}
-        self._piece_cache: dict[int, bytes] = {}
 
     def _read_vocab_facts(self) -> VocabFacts:
         vocab = self.info.vocab
@@ -252,11 +212,8 @@ class MlxEngine:
             ids.append(facts.eos_id)
         return ids
 
-    def token_bytes(self, token: int) -> bytes:
-        """One token's text as bytes (special tokens render as nothing, as in llama.cpp)."""
-        cached = self._piece_cache.get(token)
-        if cached is not None:
-            return cached
+    def _token_piece(self, token: int) -> bytes:
+        # Special tokens render as nothing, as in llama.cpp.
         text = self._tokenizer.id_to_token(token)
         if text is None or token in self._special_ids:
             piece = b""
@@ -268,36 +225,19 @@ class MlxEngine:
             piece = text.replace("▁", " ").encode("utf-8")
         else:
             piece = self._tokenizer.decode([token], skip_special_tokens=False).encode("utf-8")
-        self._piece_cache[token] = piece
         return piece
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        """Token ids back to text."""
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def _token_text(self, token: int | None) -> str:
         if token is None:
             return ""
         return self._tokenizer.id_to_token(token) or ""
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
-        """Render the model's own chat template for the next assistant turn."""
-        return self._template.render(
-            messages, self._token_text(self.vocab.bos_id), self._token_text(self.vocab.eos_id)
-        )
-
     # -- evaluation ------------------------------------------------------------------------
 
     def evaluate(self, tokens: Sequence[int], logit_rows: int) -> LogitRows:
         """Run ``tokens`` after the cache; float32 logits of the last ``logit_rows`` tokens."""
         count = len(tokens)
-        if not 1 <= logit_rows <= min(count, PREFILL_CHUNK):
-            raise ValueError(f"logit_rows={logit_rows} for {count} tokens (chunk {PREFILL_CHUNK})")
-        position = len(self._tokens)
-        if position + count > self._n_ctx:
-            raise ContextOverflowError(
-                f"{position + count} tokens do not fit the context of {self._n_ctx} tokens"
-            )
+        self._batch_position(count, logit_rows, PREFILL_CHUNK, "chunk")
         mx = self._mx
         began = time.perf_counter()
         try:
@@ -323,11 +263,7 @@ class MlxEngine:
         self._tokens.extend(tail)
         return result
 
-    def truncate(self, n_tokens: int) -> None:
-        """Drop cached tokens from position ``n_tokens`` on."""
-        if n_tokens >= len(self._tokens):
-            return
-        n_tokens = max(0, n_tokens)
+    def _roll_back(self, n_tokens: int) -> None:
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
         if n_tokens == 0 or not can_trim_prompt_cache(self._cache):
@@ -341,20 +277,10 @@ class MlxEngine:
         self._cache = self._make_cache(self._model)
         del self._tokens[:]
 
-    def close(self) -> None:
-        """Drop the model and its cache (safe to call twice)."""
-        if self._closed:
-            return
-        self._closed = True
+    def _free(self) -> None:
         self._cache = []
         self._model = None
         del self._tokens[:]
-
-    def __enter__(self) -> MlxEngine:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
 
 
 def _device_name(mx: Any) -> str:

@@ -136,7 +136,7 @@ _original_extra_types: list[int] | None = None
 
 def _extra_types_array() -> ctypes.Array[ctypes.c_void_p] | None:
     """The CPU device's extra buffer type array (None when this build has no such list)."""
-    from backends.hardware import load_ggml_backends
+    from backends.engines.hardware import load_ggml_backends
 
     load_ggml_backends()
     try:

@@ -14,13 +14,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal, get_args
 
 from backends.errors import SettingsError
-from backends.ngram import NgramModDrafter, NgramSimpleDrafter
-from backends.speculative import DEFAULT_P_MIN, DraftModelDrafter, SpeculativeDecoder
+from backends.speculation.drafters import DraftModelDrafter
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.ngram import NgramModDrafter, NgramSimpleDrafter
+from backends.speculation.types import DEFAULT_P_MIN
 
 if TYPE_CHECKING:
-    from backends.engine import ModelEngine
-    from backends.planner import CostCache
-    from backends.speculative import Drafter
+    from backends.engines.interface import ModelEngine
+    from backends.speculation.planner import CostCache
+    from backends.speculation.types import Drafter
 
 SpeculationMethod = Literal["auto", "draft-model", "ngram-simple", "ngram-mod", "off"]
 METHODS: tuple[SpeculationMethod, ...] = get_args(SpeculationMethod)

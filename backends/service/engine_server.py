@@ -1,9 +1,9 @@
 """The engine process: loads models and generates, speaking the JSON-lines protocol on stdio.
 
-Run as ``python -m backends.engine_server``. The window starts it as a child process, so
+Run as ``python -m backends.service.engine_server``. The window starts it as a child process, so
 that a native crash in llama.cpp (which can abort the whole process) costs a message and a
 reload, never the window or the chat. Commands arrive on stdin (see
-:mod:`backends.engine_protocol`); a reader thread takes them, so ``cancel`` reaches a
+:mod:`backends.service.protocol`); a reader thread takes them, so ``cancel`` reaches a
 running generation at once, while loading and generating run one at a time on the main
 thread. Events go to the original stdout; anything native code prints is sent to stderr,
 so it can never corrupt the protocol.
@@ -26,10 +26,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from backends.catalog import read_catalog_model
-from backends.compat import check_compatibility
-from backends.engine import common_prefix_length
-from backends.engine_protocol import (
+from backends.engines.hardware import available_memory, estimate_pair_memory
+from backends.engines.interface import common_prefix_length
+from backends.engines.load_guard import SAFEST, add_stage_listener, checkpoint
+from backends.engines.selection import installed_engines, open_engine
+from backends.errors import ContextOverflowError, SettingsError, SpecDeckError
+from backends.models.catalog import read_catalog_model
+from backends.models.compat import check_compatibility
+from backends.service.protocol import (
     GenerateRequest,
     LoadRequest,
     RunKind,
@@ -40,23 +44,20 @@ from backends.engine_protocol import (
     stats_to_wire,
     tokens_to_wire,
 )
-from backends.engines import installed_engines, open_engine
-from backends.errors import ContextOverflowError, SettingsError, SpecDeckError
-from backends.hardware import available_memory, estimate_pair_memory
-from backends.load_guard import SAFEST, add_stage_listener, checkpoint
-from backends.methods import build_decoder
-from backends.planner import CostCache
-from backends.speculative import DEFAULT_P_MIN, GenerationResult, SpeculativeDecoder
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.methods import build_decoder
+from backends.speculation.planner import CostCache
+from backends.speculation.types import DEFAULT_P_MIN, GenerationResult
 
 if TYPE_CHECKING:
-    from backends.engine import ModelEngine
-    from backends.engine_protocol import EngineKind
-    from backends.gguf_info import ModelFormat
-    from backends.hardware import ComputeDevice
-    from backends.methods import SpeculationMethod
-    from backends.speculative import EmittedToken, SpeculationStats
+    from backends.engines.hardware import ComputeDevice
+    from backends.engines.interface import ModelEngine
+    from backends.models.gguf_info import ModelFormat
+    from backends.service.protocol import EngineKind
+    from backends.speculation.methods import SpeculationMethod
+    from backends.speculation.types import EmittedToken, SpeculationStats
 
-log = logging.getLogger("backends.engine_server")
+log = logging.getLogger("backends.service.engine_server")
 
 PROGRESS_EVENT_INTERVAL = 0.1  # seconds between load_progress events
 # Loading beyond what is available is refused only when clearly hopeless: the OS can page
@@ -239,9 +240,7 @@ class EngineServer:
             request.engine,
             Path(request.main_path),
             n_ctx=request.n_ctx,
-            gpu_layers=request.gpu_layers,
-            n_threads=request.n_threads,
-            weight_repacking=request.weight_repacking,
+            settings=request.risky,
             progress=progress(0.0, main_share, f"loading {main_info.name}"),
         )
         draft: ModelEngine | None = None
@@ -251,10 +250,7 @@ class EngineServer:
                     request.engine,
                     Path(request.draft_path),
                     n_ctx=request.n_ctx,
-                    # Ignored for a draft (always fully on the GPU); keeps the load's settings.
-                    gpu_layers=request.gpu_layers,
-                    n_threads=request.n_threads,
-                    weight_repacking=request.weight_repacking,
+                    settings=request.risky,
                     is_draft=True,
                     progress=progress(main_share, 1.0 - main_share, f"loading {draft_info.name}"),
                 )
@@ -362,7 +358,7 @@ def _gpus(request: LoadRequest) -> tuple[ComputeDevice, ...]:
     """The GPUs and their free memory after loading (llama.cpp reports them; MLX does not)."""
     if request.engine != "llama.cpp":
         return ()
-    from backends.hardware import gpu_devices
+    from backends.engines.hardware import gpu_devices
 
     return gpu_devices()
 
@@ -385,7 +381,7 @@ def main() -> NoReturn:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
     )
-    logging.getLogger("backends.llama_engine.native").setLevel(logging.ERROR)
+    logging.getLogger("backends.engines.llama.native").setLevel(logging.ERROR)
     server = EngineServer(events)
     server.serve(commands)
     logging.shutdown()

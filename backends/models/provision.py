@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import enum
 import hashlib
@@ -18,9 +17,9 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal, NoReturn, TextIO, TypeAlias
+from typing import IO, TYPE_CHECKING, Literal, TypeAlias
 
-from backends.errors import ProvisioningError, SpecDeckError
+from backends.errors import ProvisioningError
 from backends.paths import models_dir
 
 if sys.platform == "win32":
@@ -29,11 +28,10 @@ else:
     import fcntl
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
-PROG = "specdeck-models"
 
 # Reads of 1 MiB keep memory flat; a progress event every 16 MiB is ~70 events for the largest
 # model, often enough for a smooth bar and rare enough to cost nothing.
@@ -345,8 +343,8 @@ def _check_free_space(source: ModelSource, folder: Path) -> None:
     free = shutil.disk_usage(folder).free
     if free < needed:
         raise ProvisioningError(
-            f"{source.title} needs about {_human_size(needed)} free in {folder}, "
-            f"only {_human_size(free)} left"
+            f"{source.title} needs about {human_size(needed)} free in {folder}, "
+            f"only {human_size(free)} left"
         )
 
 
@@ -539,231 +537,6 @@ else:
         fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
 
 
-# --- command line --------------------------------------------------------------------------
-
-
-def _human_size(size: int) -> str:
+def human_size(size: int) -> str:
+    """Bytes as "1.12 GB" or "98.4 MB"."""
     return f"{size / 1e9:.2f} GB" if size >= 1_000_000_000 else f"{size / 1e6:.1f} MB"
-
-
-class TextProgressBar:
-    """Shows ProvisionProgress on a text stream.
-
-    On a terminal it redraws one line in place; elsewhere (logs, CI) it writes a line at the
-    start of a pass and every ``LOG_STEP_PERCENT`` percent.
-    """
-
-    BAR_WIDTH = 24
-    LOG_STEP_PERCENT = 10
-
-    def __init__(self, stream: TextIO) -> None:
-        """Draw on ``stream``; whether it is a terminal decides the style."""
-        self._stream = stream
-        self._interactive = stream.isatty()
-        self._line_open = False
-        self._last_percent: dict[str, int] = {}
-
-    def __call__(self, event: ProvisionProgress) -> None:
-        """Show one progress event."""
-        percent = int(event.fraction * 100)
-        filled = int(event.fraction * self.BAR_WIDTH)
-        bar = "#" * filled + "." * (self.BAR_WIDTH - filled)
-        line = (
-            f"{event.key} [{bar}] {percent:3d}% "
-            f"{_human_size(event.done_bytes)}/{_human_size(event.total_bytes)} {event.message}"
-        )
-        if self._interactive:
-            width = max(20, shutil.get_terminal_size().columns - 1)
-            self._stream.write("\r" + line[:width].ljust(width))
-            self._line_open = True
-        else:
-            last = self._last_percent.get(event.key)
-            if last is None or percent < last or percent >= last + self.LOG_STEP_PERCENT:
-                self._stream.write(line + "\n")
-                self._last_percent[event.key] = percent
-        self._stream.flush()
-
-    def finish(self) -> None:
-        """End the line being redrawn, if any, so that what follows starts on a new one."""
-        if self._line_open:
-            self._stream.write("\n")
-            self._stream.flush()
-            self._line_open = False
-
-
-class _UsageError(SpecDeckError):
-    """The command line is wrong."""
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    """An argparse parser that reports a usage error as an exception, so main() can return 1."""
-
-    def error(self, message: str) -> NoReturn:
-        """Raise instead of printing usage and exiting with status 2."""
-        raise _UsageError(f"{message} (see {PROG} --help)")
-
-
-def _build_parser() -> argparse.ArgumentParser:
-    common = _ArgumentParser(add_help=False)
-    common.add_argument(
-        "--models-dir",
-        type=Path,
-        default=None,
-        help="the model folder (default: $SPECDECK_MODELS_DIR or SpecDeck's data folder)",
-    )
-    common.add_argument("-v", "--verbose", action="store_true", help="log what is being done")
-
-    parser = _ArgumentParser(
-        prog=PROG,
-        description="Fetch, verify and locate the models SpecDeck uses.",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    fetch = commands.add_parser(
-        "fetch",
-        parents=[common],
-        help="download and verify models (default: the default pair)",
-        description="Download, assemble and verify models. Without arguments: the default pair.",
-    )
-    fetch.add_argument("keys", nargs="*", metavar="KEY", help="models to fetch (see 'list')")
-    fetch.add_argument("--all", action="store_true", help="fetch every known model")
-    fetch.add_argument(
-        "--default-pair", action="store_true", help="fetch the default main and draft models"
-    )
-    commands.add_parser(
-        "list", parents=[common], help="show every known model and whether it is here"
-    )
-    path = commands.add_parser(
-        "path", parents=[common], help="print a verified model's path (exit 1 if it is not here)"
-    )
-    path.add_argument("key", metavar="KEY")
-    import_mlx = commands.add_parser(
-        "import-mlx",
-        parents=[common],
-        help="convert a GGUF model (a KEY or a file) into an MLX model folder",
-        description="Dequantize a GGUF model, rebuild its tokenizer and quantize it for MLX. "
-        "The folder goes to <models dir>/mlx/<name> (or --out), where SpecDeck finds it.",
-    )
-    import_mlx.add_argument("source", metavar="KEY|PATH", help="a model key or a GGUF file")
-    import_mlx.add_argument("--out", type=Path, default=None, help="the MLX folder to write")
-    import_mlx.add_argument("--bits", type=int, default=4, choices=(4, 8), help="default: 4")
-    import_mlx.add_argument("--force", action="store_true", help="replace an existing folder")
-    return parser
-
-
-def _run_import_mlx(
-    source: str, out: Path | None, bits: int, force: bool, models_folder: Path | None
-) -> int:
-    from backends.gguf_to_mlx import ImportProgressBar, import_gguf, mlx_folder_for
-
-    if source in MODELS:
-        gguf_path = model_path(source, models_folder)
-        if model_state(source, models_folder) is not ModelState.VERIFIED:
-            raise ProvisioningError(
-                f"{source} is not here yet (run: {PROG} fetch {source}, then import again)"
-            )
-    else:
-        gguf_path = Path(source)
-    target = out or mlx_folder_for(gguf_path, models_folder)
-    bar = ImportProgressBar(sys.stderr, gguf_path.stem)
-    folder = import_gguf(gguf_path, target, progress=bar, bits=bits, overwrite=force)
-    print(folder)
-    return 0
-
-
-def _keys_to_fetch(keys: Sequence[str], fetch_all: bool, default_pair: bool) -> list[str]:
-    chosen = list(keys)
-    if fetch_all:
-        chosen += list(MODELS)
-    if default_pair or not chosen:
-        chosen += [DEFAULT_MAIN_KEY, DEFAULT_DRAFT_KEY]
-    for key in chosen:
-        model_source(key)  # unknown keys fail before anything is downloaded
-    return list(dict.fromkeys(chosen))
-
-
-def _run_fetch(keys: Sequence[str], models_folder: Path | None) -> int:
-    progress_bar = TextProgressBar(sys.stderr)
-    for key in keys:
-        try:
-            path = ensure_model(key, progress_bar, models_folder)
-        finally:
-            progress_bar.finish()
-        print(f"{key}: ready", file=sys.stderr)
-        print(path)
-    return 0
-
-
-def _run_list(models_folder: Path | None) -> int:
-    rows = [("KEY", "TITLE", "SIZE", "STATE", "PATH")]
-    for key, source in MODELS.items():
-        rows.append(
-            (
-                key,
-                source.title,
-                _human_size(source.size),
-                model_state(key, models_folder).value,
-                str(model_path(key, models_folder)),
-            )
-        )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
-    for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        print("  ".join([*cells, row[-1]]))
-    return 0
-
-
-def _run_path(key: str, models_folder: Path | None) -> int:
-    state = model_state(key, models_folder)
-    path = model_path(key, models_folder)
-    if state is not ModelState.VERIFIED:
-        raise ProvisioningError(f"{key} is {state.value} at {path} (run: {PROG} fetch {key})")
-    print(path)
-    return 0
-
-
-def _fail(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The ``specdeck-models`` command; returns its exit status.
-
-    ``fetch [KEY ...] [--all] [--default-pair]``, ``list``, ``path KEY``,
-    ``import-mlx KEY|PATH [--out DIR] [--bits 4|8] [--force]``. Errors are one line
-    on stderr and exit status 1, never a traceback.
-    """
-    try:
-        args = _build_parser().parse_args(argv)
-    except _UsageError as error:
-        return _fail(str(error))
-    except SystemExit as exit_request:  # --help
-        return exit_request.code if isinstance(exit_request.code, int) else 0
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format=f"{PROG}: %(message)s",
-    )
-    models_folder: Path | None = args.models_dir
-    try:
-        if args.command == "fetch":
-            keys = _keys_to_fetch(args.keys, args.all, args.default_pair)
-            return _run_fetch(keys, models_folder)
-        if args.command == "list":
-            return _run_list(models_folder)
-        if args.command == "import-mlx":
-            return _run_import_mlx(args.source, args.out, args.bits, args.force, models_folder)
-        return _run_path(args.key, models_folder)
-    except SpecDeckError as error:
-        return _fail(str(error))
-    except OSError as error:
-        return _fail(str(error))
-    except KeyboardInterrupt:
-        _fail("interrupted")
-        return 130
-    except Exception as error:  # a bug; the user still gets one line, --verbose the traceback
-        logger.debug("unexpected error", exc_info=True)
-        return _fail(f"unexpected {type(error).__name__}: {error}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

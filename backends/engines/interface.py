@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Role = Literal["system", "user", "assistant"]
+# The context (KV cache) size a model is loaded with unless asked otherwise, everywhere.
+DEFAULT_CONTEXT_SIZE = 4096
 
 
 @dataclass(frozen=True)

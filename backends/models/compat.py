@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from backends.errors import IncompatiblePairError
 
 if TYPE_CHECKING:
-    from backends.gguf_info import ModelInfo, VocabInfo
+    from backends.models.gguf_info import ModelInfo, VocabInfo
 
 # The same limits as llama.cpp's common/speculative.cpp (common_speculative_are_compatible):
 # vocabularies may differ by a few padding tokens at the end, and ids below 5 (the special

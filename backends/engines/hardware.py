@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 if TYPE_CHECKING:
-    from backends.gguf_info import ModelInfo
+    from backends.models.gguf_info import ModelInfo
 
 log = logging.getLogger(__name__)
 

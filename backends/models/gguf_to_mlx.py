@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends.catalog import MLX_IMPORT_KEY
+from backends.engines.interface import DEFAULT_CONTEXT_SIZE
 from backends.errors import ModelFileError, SettingsError
-from backends.gguf_info import read_model_info
+from backends.models.gguf_info import read_model_info
+from backends.models.mlx_info import MLX_IMPORT_KEY
 from backends.paths import models_dir
 
 if TYPE_CHECKING:
@@ -241,7 +242,7 @@ def _hf_config(architecture: str, metadata: dict[str, Any], reader: Any) -> dict
         "num_key_value_heads": int(arch("attention.head_count_kv", heads)),
         "rms_norm_eps": float(arch("attention.layer_norm_rms_epsilon", 1e-6)),
         "vocab_size": int(embedding.shape[-1]),
-        "max_position_embeddings": int(arch("context_length", 4096)),
+        "max_position_embeddings": int(arch("context_length", DEFAULT_CONTEXT_SIZE)),
         "rope_theta": float(arch("rope.freq_base", 10000.0)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "torch_dtype": "bfloat16",
@@ -453,7 +454,7 @@ def ensure_mlx_import(
     models_folder: Path | None = None,
 ) -> Path:
     """The MLX import of ``gguf_path``, made now if it is not there yet (or is broken)."""
-    from backends.catalog import read_mlx_model_info
+    from backends.models.mlx_info import read_mlx_model_info
 
     target = mlx_folder_for(gguf_path, models_folder)
     if target.is_dir():

@@ -22,15 +22,11 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from backends.errors import SettingsError
-from backends.speculative import Draft
+from backends.speculation.drafters import LookupDrafter
 
 if TYPE_CHECKING:
-    import threading
     from collections.abc import Sequence
 
-    import numpy as np
-
-    from backends.sampling import SamplingSettings
 
 DEFAULT_MIN_MATCH = 3  # tokens that must match before a lookup is trusted at all
 DEFAULT_MAX_MATCH = 32  # how far back a match is measured (its evidence)
@@ -63,33 +59,7 @@ class _IncrementalIndex:
         return start
 
 
-class _LookupDrafter:
-    """What both lookups share: the Drafter interface around their ``propose``."""
-
-    lookup = True
-
-    def propose(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
-        """The proposed continuation and its evidence."""
-        raise NotImplementedError
-
-    def draft(
-        self,
-        context: Sequence[int],
-        max_tokens: int,
-        sampling: SamplingSettings,
-        rng: np.random.Generator,
-        cancel: threading.Event | None,
-    ) -> Draft:
-        """Propose up to ``max_tokens`` tokens from the lookup."""
-        proposal, evidence = self.propose(context, max_tokens)
-        return Draft(proposal, None, evidence=evidence)
-
-    def engine_seconds(self) -> float:
-        """No forward passes: lookups are counted as loop time."""
-        return 0.0
-
-
-class NgramSimpleDrafter(_LookupDrafter):
+class NgramSimpleDrafter(LookupDrafter):
     """Prompt lookup: copy what followed the latest earlier occurrence of the context's tail.
 
     Every position is indexed by the ``min_match`` tokens ending there. A lookup takes the
@@ -103,6 +73,7 @@ class NgramSimpleDrafter(_LookupDrafter):
     def __init__(
         self, min_match: int = DEFAULT_MIN_MATCH, max_match: int = DEFAULT_MAX_MATCH
     ) -> None:
+        super().__init__()
         if min_match < 1 or max_match < min_match:
             raise SettingsError(
                 f"n-gram match lengths must satisfy 1 <= min ({min_match}) <= max ({max_match})"
@@ -163,7 +134,7 @@ class NgramSimpleDrafter(_LookupDrafter):
         return tokens[best_end : best_end + max_tokens], best_length
 
 
-class NgramModDrafter(_LookupDrafter):
+class NgramModDrafter(LookupDrafter):
     """A bounded n-gram → next-token table over everything seen, chained to draft.
 
     Unlike prompt lookup it remembers across generations (the same app session), so an
@@ -176,6 +147,7 @@ class NgramModDrafter(_LookupDrafter):
     def __init__(
         self, order: int = DEFAULT_MOD_ORDER, capacity: int = DEFAULT_MOD_CAPACITY
     ) -> None:
+        super().__init__()
         if order < 1:
             raise SettingsError(f"n-gram order must be >= 1, got {order}")
         if capacity < 1:

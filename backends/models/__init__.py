@@ -1,0 +1,1 @@
+"""Model files: GGUF and MLX metadata, the model folders' catalog, pair checks, provisioning."""

@@ -1,0 +1,1 @@
+"""SpecDeck's backends for others: the engine process, specdeck-bench, specdeck-models."""

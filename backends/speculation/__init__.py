@@ -1,0 +1,1 @@
+"""Speculative decoding, engine-neutral: types, drafters, sampling, planner and the loop."""

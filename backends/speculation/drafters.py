@@ -1,0 +1,144 @@
+"""The drafters that run a model or nothing: a small draft model, and none (plain decoding).
+
+The n-gram lookups are in :mod:`backends.speculation.ngram`; all implement
+:class:`backends.speculation.types.Drafter`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from backends.engines.interface import extend_cache
+from backends.speculation.sampling import probabilities, sample, top_probability
+from backends.speculation.types import DEFAULT_P_MIN, Draft, DrafterStats, ForwardPass
+
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Sequence
+
+    from backends.engines.interface import ModelEngine
+    from backends.speculation.sampling import ProbArray, SamplingSettings
+
+
+class LookupDrafter:
+    """A drafter that proposes without a model: a table lookup, or nothing.
+
+    Subclasses implement :meth:`propose`; this is the Drafter interface around it.
+    """
+
+    lookup = True
+    engine: ModelEngine | None = None  # no model: nothing for the planner to calibrate
+    last_passes: Sequence[ForwardPass] = ()
+
+    def __init__(self) -> None:
+        self.stats = DrafterStats()
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
+        """The proposed continuation and its evidence (how much backs it)."""
+        raise NotImplementedError
+
+    def draft(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        rng: np.random.Generator,
+        cancel: threading.Event | None,
+    ) -> Draft:
+        """Propose up to ``max_tokens`` tokens from the lookup."""
+        proposal, evidence = self.propose(context, max_tokens)
+        return Draft(proposal, None, evidence=evidence)
+
+    def engine_seconds(self) -> float:
+        """No forward passes: lookups are counted as loop time."""
+        return 0.0
+
+
+class NoDrafter(LookupDrafter):
+    """Plain decoding through the same loop: never drafts."""
+
+    name = "none"
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
+        """Nothing."""
+        return [], 0
+
+
+class DraftModelDrafter:
+    """Drafts with a small model sharing the target's tokenizer.
+
+    Greedy at temperature 0; at temperature > 0 the tokens are sampled from the draft's own
+    distribution q (with the same sampling transform as the target), and q is handed to the
+    rejection sampler. Drafting stops early once the draft's top probability falls below
+    ``p_min``, or after an end-of-generation token.
+    """
+
+    lookup = False
+    engine: ModelEngine
+
+    def __init__(
+        self,
+        engine: ModelEngine,
+        p_min: float = DEFAULT_P_MIN,
+        sampling: SamplingSettings | None = None,
+    ) -> None:
+        self.engine = engine
+        self.p_min = p_min
+        # The draft may sample with its own settings (q is recorded either way, so the
+        # output still follows the target); None uses the target's settings.
+        self.sampling = sampling
+        self._end_ids = engine.vocab.end_of_generation_ids
+        self.last_passes: list[ForwardPass] = []
+        self.stats = DrafterStats()
+
+    @property
+    def name(self) -> str:
+        """The draft model's name."""
+        return f"draft model '{self.engine.name}'"
+
+    def engine_seconds(self) -> float:
+        """Time in the draft model's forward passes."""
+        return self.engine.decode_seconds
+
+    def draft(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        rng: np.random.Generator,
+        cancel: threading.Event | None,
+    ) -> Draft:
+        """Run the draft model for up to ``max_tokens`` steps after catching its cache up."""
+        if self.sampling is not None and not sampling.greedy:
+            sampling = self.sampling
+        tokens: list[int] = []
+        distributions: list[ProbArray] | None = None if sampling.greedy else []
+        passes = self.last_passes = []
+        if max_tokens <= 0:
+            return Draft(tokens, distributions)
+        started = time.perf_counter()
+        rows, evaluated = extend_cache(self.engine, context)
+        passes.append((evaluated, time.perf_counter() - started))
+        for step in range(max_tokens):
+            row = rows[-1]
+            if distributions is None:
+                token = int(np.argmax(row))
+                if self.p_min > 0.0 and top_probability(row, sampling) < self.p_min:
+                    break
+            else:
+                q = probabilities(row, sampling)
+                if float(q.max()) < self.p_min:
+                    break
+                token = sample(q, rng)
+                distributions.append(q)
+            tokens.append(token)
+            last_step = step + 1 == max_tokens
+            if last_step or token in self._end_ids or (cancel is not None and cancel.is_set()):
+                break
+            started = time.perf_counter()
+            rows = self.engine.evaluate([token], 1)
+            passes.append((1, time.perf_counter() - started))
+        return Draft(tokens, distributions)

@@ -1,0 +1,294 @@
+"""What the speculative loop takes and gives: settings, emitted tokens, stats, and drafts.
+
+A leaf of ``backends.speculation``: the drafters, the planner and the loop build on these
+types, and the window and the engine process show them. :class:`Drafter` is the interface
+every drafter implements (a draft model, the n-gram lookups, none), with what the planner
+and the loop may ask of any drafter declared on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from backends.errors import SettingsError
+from backends.speculation.sampling import ProbArray, SamplingSettings
+
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Sequence
+
+    import numpy as np
+
+    from backends.engines.interface import ModelEngine
+
+DEFAULT_DRAFT_MAX = 3  # llama.cpp's --spec-draft-n-max default
+DEFAULT_DRAFT_MIN = 0
+DEFAULT_P_MIN = 0.75  # llama.cpp's --spec-draft-p-min default
+DEFAULT_MAX_TOKENS = 512
+DEFAULT_LOOKUP_DRAFT_MAX = 16  # lookups are free to make, so they may propose long runs
+
+Verification = Literal["rejection", "sample-match"]
+StopReason = Literal["eos", "max_tokens", "stop_string", "cancelled", "context_full"]
+
+
+class TokenOrigin(StrEnum):
+    """Who produced an emitted token."""
+
+    DRAFT = "draft"  # drafted and accepted by the target
+    TARGET = "target"  # the target's own token (plain step, correction or bonus)
+
+
+@dataclass(frozen=True)
+class EmittedToken:
+    """One generated token, its text (possibly empty mid-character) and its origin."""
+
+    token_id: int
+    text: str
+    origin: TokenOrigin
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Everything that shapes one generation besides the prompt and the models."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    draft_max: int = DEFAULT_DRAFT_MAX
+    draft_min: int = DEFAULT_DRAFT_MIN
+    p_min: float = DEFAULT_P_MIN
+    stop_strings: tuple[str, ...] = ()
+    verification: Verification = "rejection"
+    lookup_draft_max: int = DEFAULT_LOOKUP_DRAFT_MAX
+    # At temperature 0, verify in batches the engine computes bit-exactly, so the text is
+    # exactly plain decoding's. False verifies a draft in one batch, as llama.cpp does:
+    # faster where big batches are cheap, but a near-tie may then resolve differently.
+    exact_batches: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise SettingsError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.draft_max < 1:
+            raise SettingsError(f"draft_max must be >= 1, got {self.draft_max}")
+        if self.lookup_draft_max < 1:
+            raise SettingsError(f"lookup_draft_max must be >= 1, got {self.lookup_draft_max}")
+        if not 0 <= self.draft_min <= self.draft_max:
+            raise SettingsError(
+                f"draft_min must be between 0 and draft_max ({self.draft_max}), "
+                f"got {self.draft_min}"
+            )
+        if not 0.0 <= self.p_min <= 1.0:
+            raise SettingsError(f"p_min must be in [0, 1], got {self.p_min}")
+        if any(not stop for stop in self.stop_strings):
+            raise SettingsError("stop strings must not be empty")
+        if self.verification not in ("rejection", "sample-match"):
+            raise SettingsError(
+                f"verification must be 'rejection' or 'sample-match', got {self.verification!r}"
+            )
+
+
+@dataclass
+class SpeculationStats:
+    """Live and final statistics of one generation (LM Studio's names where it has them)."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0
+    total_draft_tokens_count: int = 0
+    accepted_draft_tokens_count: int = 0
+    rejected_draft_tokens_count: int = 0
+    ignored_draft_tokens_count: int = 0
+    # verified_at_position[i]: drafts whose (i+1)-th token reached verification
+    verified_at_position: list[int] = field(default_factory=list)
+    accepted_at_position: list[int] = field(default_factory=list)
+    draft_length_counts: dict[int, int] = field(default_factory=dict)
+    rounds_by_method: dict[str, int] = field(default_factory=dict)  # "none" = plain step
+    time_to_first_token_sec: float | None = None
+    generation_seconds: float = 0.0  # from the first token to the last
+    total_seconds: float = 0.0  # from the start of prompt processing to the last token
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    engine_seconds: float = 0.0  # inside the engines' forward passes (draft and target)
+    stop_reason: StopReason | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted, as LM Studio reports it (None before anything was drafted)."""
+        if self.total_draft_tokens_count == 0:
+            return None
+        return self.accepted_draft_tokens_count / self.total_draft_tokens_count
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generation speed after the first token (prompt processing excluded)."""
+        if self.generated_tokens <= 1 or self.generation_seconds <= 0.0:
+            if self.total_seconds > 0.0:
+                return self.generated_tokens / self.total_seconds
+            return 0.0
+        return (self.generated_tokens - 1) / self.generation_seconds
+
+    def speedup_over(self, baseline: SpeculationStats) -> float | None:
+        """Tokens per second relative to ``baseline`` (None when the baseline has no speed)."""
+        base = baseline.tokens_per_second
+        return self.tokens_per_second / base if base > 0 else None
+
+    @property
+    def acceptance_by_position(self) -> list[float | None]:
+        """For each draft position, the share of drafts reaching it whose token there was kept."""
+        return [
+            accepted / verified if verified else None
+            for accepted, verified in zip(
+                self.accepted_at_position, self.verified_at_position, strict=True
+            )
+        ]
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Time of the loop outside the engines' forward passes (Python, sampling, copies)."""
+        return max(0.0, self.total_seconds - self.engine_seconds)
+
+    def snapshot(self) -> SpeculationStats:
+        """A copy safe to hand to another thread."""
+        return replace(
+            self,
+            verified_at_position=list(self.verified_at_position),
+            accepted_at_position=list(self.accepted_at_position),
+            draft_length_counts=dict(self.draft_length_counts),
+            rounds_by_method=dict(self.rounds_by_method),
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain data for JSON output (counts, timings, rates)."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "rounds": self.rounds,
+            "total_draft_tokens_count": self.total_draft_tokens_count,
+            "accepted_draft_tokens_count": self.accepted_draft_tokens_count,
+            "rejected_draft_tokens_count": self.rejected_draft_tokens_count,
+            "ignored_draft_tokens_count": self.ignored_draft_tokens_count,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_by_position": self.acceptance_by_position,
+            "draft_length_counts": {str(k): v for k, v in sorted(self.draft_length_counts.items())},
+            "rounds_by_method": dict(self.rounds_by_method),
+            "tokens_per_second": self.tokens_per_second,
+            "time_to_first_token_sec": self.time_to_first_token_sec,
+            "generation_seconds": self.generation_seconds,
+            "total_seconds": self.total_seconds,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+            "engine_seconds": self.engine_seconds,
+            "overhead_seconds": self.overhead_seconds,
+            "stop_reason": self.stop_reason,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationUpdate:
+    """What one round produced: newly released tokens and the stats so far."""
+
+    tokens: tuple[EmittedToken, ...]
+    stats: SpeculationStats
+    finished: bool
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """A finished generation: its tokens with their origins, its text and its stats."""
+
+    tokens: tuple[EmittedToken, ...]
+    stats: SpeculationStats
+
+    @property
+    def text(self) -> str:
+        """The generated text (stop string and end-of-generation token excluded)."""
+        return "".join(token.text for token in self.tokens)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The generated token ids."""
+        return [token.token_id for token in self.tokens]
+
+
+@dataclass
+class Draft:
+    """Proposed tokens and, when they were sampled, the draft distribution q of each."""
+
+    tokens: list[int]
+    distributions: list[ProbArray] | None  # None: deterministic (greedy or lookup) drafts
+    evidence: int = 0  # a lookup's match length (how much the proposal is backed by)
+
+
+@dataclass
+class DrafterStats:
+    """What one drafter did, kept with the drafter (as llama.cpp's drafters keep theirs)."""
+
+    drafts: int = 0  # drafts that proposed tokens and were verified
+    drafted: int = 0  # tokens those drafts proposed
+    accepted: int = 0  # of those, tokens the target kept
+    seconds: float = 0.0  # wall time in draft(), used or not
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """Count one verified draft."""
+        self.drafts += 1
+        self.drafted += drafted
+        self.accepted += accepted
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted over drafted (None before any draft)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+
+ForwardPass = tuple[int, float]  # (tokens evaluated, seconds)
+
+
+class Drafter(Protocol):
+    """Proposes the next tokens of a context.
+
+    ``lookup`` is True for drafters whose proposals cost next to nothing (table lookups):
+    the planner asks them before deciding. False for model drafters, whose cost grows with
+    every token drafted; those name their ``engine`` (so that the planner can calibrate
+    its costs) and report the forward passes of their last draft (``last_passes``).
+    """
+
+    @property
+    def name(self) -> str:
+        """What the drafter is, for reports ("none", "draft model 'Qwen…'")."""
+        ...
+
+    @property
+    def lookup(self) -> bool:
+        """Whether drafting is a negligible-cost lookup."""
+        ...
+
+    @property
+    def engine(self) -> ModelEngine | None:
+        """The model this drafter runs (None for lookups and plain decoding)."""
+        ...
+
+    @property
+    def last_passes(self) -> Sequence[ForwardPass]:
+        """The forward passes of the last :meth:`draft` call (empty for lookups)."""
+        ...
+
+    @property
+    def stats(self) -> DrafterStats:
+        """What this drafter drafted and how much of it was accepted, so far."""
+        ...
+
+    def draft(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        rng: np.random.Generator,
+        cancel: threading.Event | None,
+    ) -> Draft:
+        """Propose at most ``max_tokens`` tokens to follow ``context``."""
+        ...
+
+    def engine_seconds(self) -> float:
+        """Wall time the drafter spent in forward passes so far."""
+        ...
