@@ -130,3 +130,19 @@ def test_every_python_file_has_a_module_docstring() -> None:
         and ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) is None
     ]
     assert missing == []
+
+
+def test_the_installed_package_holds_every_sub_package() -> None:
+    import fnmatch
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    on_disk = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("backends", "gui")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    left_out = {name for name in on_disk if not any(fnmatch.fnmatch(name, p) for p in include)}
+    assert left_out == set()
+    assert {"backends.engines", "backends.speculation", "backends.models"} <= on_disk
