@@ -654,11 +654,9 @@ class MainWindow(QMainWindow):
         if death.loading is not None:
             self._on_load_crashed(death)
             return
-        self.loaded = None
+        self._forget_dead_engine()
         self.sidebar.set_loading(False)
         self.sidebar.set_unloaded()
-        self.status.set_engine_pid(None)
-        self.status.set_gpu("No model loaded")
         if self.answer is not None:
             if self.answer.compare:
                 self.compare_view.cancel()
@@ -668,13 +666,16 @@ class MainWindow(QMainWindow):
         self.crash_banner.show()
         self._update_controls()
 
+    def _forget_dead_engine(self) -> None:
+        self.loaded = None
+        self.status.set_engine_pid(None)
+        self.status.set_gpu("No model loaded")
+
     def _on_load_crashed(self, death: EngineDeath) -> None:
         """Record the crash; retry once with the safest settings unless those crashed."""
         loading = death.loading
         assert loading is not None
-        self.loaded = None
-        self.status.set_engine_pid(None)
-        self.status.set_gpu("No model loaded")
+        self._forget_dead_engine()
         settings = loading.request.risky
         self.crash_records.record(loading.model_path, settings, loading.stage, death.cause)
         crash = crash_message(loading.model_path, loading.stage, settings, death.cause)

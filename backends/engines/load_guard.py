@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -142,6 +143,7 @@ def cpu_identity() -> str:
     return f"{cpu_model_name()} [{hashlib.sha256(flags.encode()).hexdigest()[:12]}]"
 
 
+@functools.cache
 def engine_build() -> str:
     """The llama.cpp build as crash records key it (a new build may have fixed a crash)."""
     try:
@@ -218,15 +220,15 @@ class CrashRecords:
             detail=" ".join(detail.split())[:300],
             when=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         )
-        crashes = [c for c in self.all() if not self._same(c, crash.model, settings)]
-        self._write([*crashes, crash])
+        crashes = self.all()
+        earlier = _first_match(crashes, crash.model, settings)
+        self._write([*(c for c in crashes if c is not earlier), crash])
         log.warning("load crash recorded: %s with %s", crash.model_name, settings.describe())
         return crash
 
     def find(self, model: Path | str, settings: RiskySettings) -> LoadCrash | None:
         """The crash of loading ``model`` with ``settings`` here, if there was one."""
-        identity = _model_identity(model)
-        return next((c for c in self.all() if self._same(c, identity, settings)), None)
+        return _first_match(self.all(), _model_identity(model), settings)
 
     def choose(
         self, models: Sequence[Path | str], requested: RiskySettings
@@ -235,8 +237,10 @@ class CrashRecords:
 
         Raises LoadRefusedError when even the safest settings crashed for one of them.
         """
-        for model in models:
-            crash = self.find(model, SAFEST)
+        crashes = self.all()
+        identities = [_model_identity(model) for model in models]
+        for identity in identities:
+            crash = _first_match(crashes, identity, SAFEST)
             if crash is not None:
                 where = STAGE_DESCRIPTIONS.get(crash.stage, crash.stage)
                 raise LoadRefusedError(
@@ -245,8 +249,8 @@ class CrashRecords:
                     "SpecDeck will not load it again by itself (Help > Forget load crashes "
                     "lets it try)"
                 )
-        for model in models:
-            crash = self.find(model, requested)
+        for identity in identities:
+            crash = _first_match(crashes, identity, requested)
             if crash is not None:
                 return SAFEST, crash
         return requested, None
@@ -257,20 +261,20 @@ class CrashRecords:
         self.path.unlink(missing_ok=True)
         return count
 
-    def _same(self, crash: LoadCrash, identity: str, settings: RiskySettings) -> bool:
-        return (
-            crash.model == identity
-            and crash.settings == settings
-            and crash.cpu == cpu_identity()
-            and crash.build == engine_build()
-        )
-
     def _write(self, crashes: list[LoadCrash]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         data = {"version": _RECORDS_VERSION, "crashes": [asdict(c) for c in crashes]}
         temporary.write_text(json.dumps(data, indent=1), encoding="utf-8")
         os.replace(temporary, self.path)
+
+
+def _first_match(
+    crashes: Sequence[LoadCrash], identity: str, settings: RiskySettings
+) -> LoadCrash | None:
+    """The crash of that model file with those settings on this CPU and build, if any."""
+    wanted = (identity, settings, cpu_identity(), engine_build())
+    return next((c for c in crashes if (c.model, c.settings, c.cpu, c.build) == wanted), None)
 
 
 def avoided_crash_note(crash: LoadCrash) -> str:

@@ -326,12 +326,9 @@ def _load_report(main: ModelEngine, draft: ModelEngine | None, prompt: int) -> d
         "exact_batch_limit": main.exact_batch_limit,
         "prompt_tokens": prompt,
         # What was chosen for the weights and why ("weight repacking on (auto), AMX ...").
-        "notes": list(dict.fromkeys([*_load_notes, *main.load_report.notes])),
+        "notes": list(main.load_report.notes),
         "main_weight_buffers": list(main.load_report.weight_buffers),
     }
-
-
-_load_notes: list[str] = []  # why this worker loads with other settings than asked for
 
 
 def run_bench(
@@ -674,9 +671,10 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
         main_path, draft_path = _model_paths(args)
         requested = RiskySettings(args.weight_repacking, args.gpu_layers, args.threads)
         risky, crash = CrashRecords().choose((main_path, draft_path), requested)
-        if crash is not None:
-            _load_notes.append(avoided_crash_note(crash))
-            print(f"{PROG}: {avoided_crash_note(crash)}", file=sys.stderr)
+        # Why this worker loads with other settings than asked for: said now, and in the report.
+        avoided = [avoided_crash_note(crash)] if crash is not None else []
+        for note in avoided:
+            print(f"{PROG}: {note}", file=sys.stderr)
         _report_stages(stage_file, risky)
         if args.suite:
             if args.prompt is not None or args.prompt_file is not None:
@@ -691,6 +689,7 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
                 engine=args.engine,
                 load_settings=risky,
             )
+            suite_report["notes"] = [*avoided, *suite_report["notes"]]  # type: ignore[misc]
             if args.json:
                 print(json.dumps(suite_json(rows, suite_report), ensure_ascii=False))
             else:
@@ -708,6 +707,7 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
             engine=args.engine,
             load_settings=risky,
         )
+        report["notes"] = [*avoided, *report["notes"]]  # type: ignore[misc]
     except SpecDeckError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 1
