@@ -115,7 +115,7 @@ def test_on_this_amx_cpu_llama_cpp_would_pick_amx_without_the_withholding(
         "from backends.engines.llama import LlamaEngine, LlamaLoadSettings\n"
         "settings = LlamaLoadSettings(n_ctx=512, weight_repacking='on', probe_exact_batch=False)\n"
         f"engine = LlamaEngine({str(smollm_path)!r}, settings)\n"
-        "print(','.join(engine.load_report.weight_buffers))\n"
+        "print(','.join(engine.load_report.weight_buffers), flush=True)\n"
         "os._exit(0)\n"
     )
     done = subprocess.run(
