@@ -1,24 +1,24 @@
 """Weight repacking on vs off on one model: decode tok/s, prompt tok/s, batch costs, exact batches.
 
 llama.cpp repacks CPU weights for faster kernels (SpecDeck never lets it use AMX, see
-backends/weight_placement.py); the price is batched logits that stop matching single-token
-logits from a smaller batch on, which caps exact verification. This measures both sides in
-one run, alternating the two loads so that machine noise hits both alike:
+backends/weight_placement.py); in stock llama.cpp the price is batched logits that stop
+matching single-token logits from 4 rows on, which caps exact verification (SpecDeck's
+build removes that, see benchmarks/exact_batches.py). This measures both sides in one run,
+alternating the two loads so that machine noise hits both alike:
 
 - ``decode_tok_s``: single-token greedy steps after a short prompt;
 - ``prompt_tok_s``: one prompt of ``--prompt-tokens`` tokens read in n_batch chunks;
 - ``batch_ms``: the cost of a batch of 1, 2, 3, 4, 8 and 16 tokens after that prompt;
 - ``exact_batch_limit``: the largest batch whose logits equal single-token logits bit for
-  bit (the load-time probe, batches up to 12; 512 means every probed size).
+  bit (the load-time probe, batches of 2 to 17; 63 means every probed size).
 
-    .venv/bin/python benchmarks/weight_repacking.py [--model FILE] [--rounds 2] [--json]
+    .venv/bin/python -m benchmarks.weight_repacking [--model FILE] [--rounds 2] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from typing import Any
 from backends.engines.llama import LlamaEngine, LlamaLoadSettings
 from backends.engines.weight_placement import cpu_model_name, has_amx
 from backends.models.provision import DEFAULT_MAIN_KEY, model_path
+from benchmarks.exact_batches import batch_costs, decode_rate
 
 BATCH_SIZES = (1, 2, 3, 4, 8, 16)
 DECODE_STEPS = 48
@@ -42,26 +43,13 @@ def measure(path: Path, mode: str, prompt_tokens: int, threads: int | None) -> d
         began = time.perf_counter()
         engine.evaluate(prompt, 1)
         prompt_seconds = time.perf_counter() - began
-        batch_ms: dict[str, float] = {}
-        for size in BATCH_SIZES:
-            samples = []
-            for _ in range(3):
-                engine.truncate(len(prompt))
-                began = time.perf_counter()
-                engine.evaluate(words[len(prompt) : len(prompt) + size], size)
-                samples.append(time.perf_counter() - began)
-            batch_ms[str(size)] = round(1000 * statistics.median(samples), 1)
-        engine.truncate(0)
-        rows = engine.evaluate(words[:8], 1)
-        began = time.perf_counter()
-        for _ in range(DECODE_STEPS):
-            rows = engine.evaluate([int(rows[0].argmax())], 1)
-        decode_seconds = time.perf_counter() - began
+        batch_ms = batch_costs(engine, words, len(prompt), BATCH_SIZES)
+        decode_tok_s = decode_rate(engine, words, DECODE_STEPS)
         return {
             "mode": mode,
             "note": next((n for n in engine.load_report.notes if "repacking" in n), ""),
             "weight_buffers": list(engine.load_report.weight_buffers),
-            "decode_tok_s": round(DECODE_STEPS / decode_seconds, 2),
+            "decode_tok_s": round(decode_tok_s, 2),
             "prompt_tok_s": round(len(prompt) / prompt_seconds, 1),
             "batch_ms": batch_ms,
             "exact_batch_limit": engine.exact_batch_limit,

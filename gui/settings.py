@@ -220,8 +220,9 @@ SETTINGS: tuple[SettingSpec, ...] = (
         tooltip=(
             "Bit-exact verification: at temperature 0 verify in batches the engine computes "
             "exactly like one-token steps, so the answer is identical to the main model alone. "
-            "Off verifies a draft in one batch like llama.cpp: faster on some machines, but "
-            "near-ties may resolve differently."
+            "With SpecDeck's llama.cpp build every batch is exact on x86 CPUs for Q4_K/Q6_K "
+            "models, so this costs nothing there; off verifies a draft in one batch like "
+            "llama.cpp, where other kernels may resolve near-ties differently."
         ),
         group="speculation",
     ),
@@ -311,8 +312,9 @@ SETTINGS: tuple[SettingSpec, ...] = (
         title="Weight repacking",
         tooltip=(
             "llama.cpp's repacked CPU weight layouts (faster kernels). Auto: on, which decodes "
-            "about a third faster here; Off keeps bigger verification batches bit-exact. "
-            "llama.cpp's AMX kernels are never used (they crash). Takes effect at the next load."
+            "about a sixth faster here; verification batches stay bit-exact either way with "
+            "SpecDeck's llama.cpp build. llama.cpp's AMX kernels are never used (they crash). "
+            "Takes effect at the next load."
         ),
         group="generation",
         choices=WEIGHT_REPACKING_MODES,

@@ -83,9 +83,13 @@ def test_fast_batches_differ_from_plain_only_at_near_ties(qwen_main: LlamaEngine
     expected = plain_run(qwen_main, prompt, settings)
     qwen_main.truncate(0)
     result = decoder.run(prompt, settings)
+    got = result.token_ids
+    if limit > settings.lookup_draft_max:
+        # SpecDeck's llama.cpp build: every batch the loop sends is exact, fast ones too.
+        assert got == expected
+        return
     # Fast mode verifies drafts longer than the bit-exact limit in one batch.
     assert max(result.stats.draft_length_counts) + 1 > limit
-    got = result.token_ids
     if got != expected:
         first = next(i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b)
         qwen_main.truncate(0)

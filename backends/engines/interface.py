@@ -187,7 +187,8 @@ def probe_exact_batch_limit(engine: ModelEngine, probe_size: int, all_exact_limi
     """
     text = "def probe(values):\n    return sorted(set(values))  # exactness probe\n"
     sequence = engine.tokenize(text, add_special=False, parse_special=False)
-    sequence = (sequence * (1 + probe_size // max(1, len(sequence))))[:probe_size]
+    # One token to start from, then ``probe_size`` tokens: batches of 2 .. probe_size.
+    sequence = (sequence * (2 + probe_size // max(1, len(sequence))))[: probe_size + 1]
     start, body = sequence[:1], sequence[1:]
     engine.truncate(0)
     engine.evaluate(start, 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import re
 import threading
 import time
@@ -41,7 +42,13 @@ native_log = logging.getLogger("backends.engines.llama.native")
 DEFAULT_BATCH_SIZE = 512
 ALL_LAYERS = -1
 _TOKEN_PIECE_BUFFER = 256
-_PROBE_MAX_BATCH = 12  # batch sizes probed for exactness: 2 .. this
+# SpecDeck's llama.cpp build (packaging/llama.cpp/exact-batches.patch) sums repacked Q4_K
+# batches the way single steps do, and takes the tiled K-quant matmul only from this many
+# batch rows on (llama.cpp: 8): smaller batches then run the kernels of a single step, so
+# every verification batch below it can reproduce single-token logits bit for bit.
+TILED_MATMUL_MIN_ROWS = 64
+_TILED_MIN_ROWS_VARIABLE = "GGML_CPU_TILED_MM_MIN_ROWS"
+_PROBE_MAX_BATCH = 17  # batch sizes probed for exactness: 2 .. this (a 16-token lookup + 1)
 
 # enum ggml_log_level
 _GGML_LOG_DEBUG = 1
@@ -157,12 +164,25 @@ def _init_llama() -> _NativeLog:
     global _native_log
     with _native_lock:
         if _native_log is None:
+            # Read by ggml once, at the first matmul; a value set by the user wins.
+            os.environ.setdefault(_TILED_MIN_ROWS_VARIABLE, str(TILED_MATMUL_MIN_ROWS))
             import llama_cpp
 
             load_ggml_backends()
             llama_cpp.llama_backend_init()
             _native_log = _NativeLog()
         return _native_log
+
+
+def exact_batch_ceiling() -> int:
+    """The batch size assumed exact when every probed size is: below the tiled threshold.
+
+    The probe tries batches up to 17 tokens; bigger ones up to the threshold take the same
+    kernels (single-step ``vec_dot``, whole GEMM groups), from it on the tiled one.
+    """
+    value = os.environ.get(_TILED_MIN_ROWS_VARIABLE, "")
+    rows = int(value) if value.isdigit() else 8
+    return max(rows, 8) - 1
 
 
 class LlamaEngine(EngineBase):
@@ -255,7 +275,9 @@ class LlamaEngine(EngineBase):
         if self.settings.probe_exact_batch and not is_draft:
             # The first forward pass: where a broken CPU kernel crashes.
             checkpoint("main-probe", self.path, safe=self.settings.risky == SAFEST)
-            self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, self._n_batch)
+            self._exact_batch_limit = probe_exact_batch_limit(
+                self, _PROBE_MAX_BATCH, min(self._n_batch, exact_batch_ceiling())
+            )
         self._finish_load(
             started,
             backend=build.backend_label,

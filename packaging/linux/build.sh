@@ -6,26 +6,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python=build/bundle-venv/bin/python
-llama_version=$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
 
 # A bundle runs on other people's CPUs: llama.cpp is built with every x86 CPU variant,
 # chosen at run time (GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS), not for this machine's CPU
 # (the default GGML_NATIVE build that scripts/setup installs would die with SIGILL on a
-# CPU without AVX-512). The wheel is built once (~20 min on 2 cores) and kept in the cache.
+# CPU without AVX-512), with SpecDeck's llama.cpp patch as in scripts/setup. The wheel is
+# built once (~20 min on 2 cores) and kept in the cache.
 wheels=${SPECDECK_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specdeck/portable-wheels}
-mkdir -p "$wheels"
-if ! ls "$wheels"/llama_cpp_python-"$llama_version"-*.whl >/dev/null 2>&1; then
-    echo "bundle: building a portable llama-cpp-python $llama_version (all CPU variants)"
-    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON" \
+echo "bundle: a portable llama-cpp-python with SpecDeck's patch (all CPU variants; built once)"
+wheel=$(CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON" \
     CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)} \
-        .venv/bin/python -m pip wheel --quiet --no-cache-dir --no-deps -w "$wheels" \
-        "llama-cpp-python==$llama_version"
-fi
+    packaging/llama.cpp/build-wheel .venv/bin/python "$wheels")
 # The bundle's own environment: SpecDeck (not editable, so its metadata travels) and its
 # runtime dependencies only; no test tools, no MLX.
 [ -x "$python" ] || python3 -m venv build/bundle-venv
 "$python" -m pip install --quiet --upgrade pip
-"$python" -m pip install --quiet --force-reinstall --no-deps "$wheels"/llama_cpp_python-"$llama_version"-*.whl
+"$python" -m pip install --quiet --force-reinstall --no-deps "$wheel"
 "$python" -m pip install --quiet . 'pyinstaller>=6.10'
 # The wheel installs the CPU variants under site-packages/bin; put them beside libggml in
 # llama_cpp/lib, where SpecDeck loads backends from (and where the PyInstaller hook looks).

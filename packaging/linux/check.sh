@@ -5,6 +5,7 @@
 # speculation), and removing the package leaves nothing behind. On a CPU with AMX the
 # self-test runs twice: with the CPU library llama.cpp picks for it (Sapphire Rapids, whose
 # AMX kernels SpecDeck must keep out of use) and with the Zen 4 one, as on a CPU without AMX.
+# Then the bundle's llama.cpp build is checked for bit-exact verification batches.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 deb=$(ls -t dist/specdeck_*.deb | head -1)
@@ -54,6 +55,25 @@ tail -n 1 "$log"
 grep -q "^self-test: FAILED: the models did not load: .*SIGSEGV: Segmentation fault" "$log"
 test $(($(date +%s) - started)) -lt 60
 rm -f "$log"
+# The bundled llama.cpp carries SpecDeck's patch (packaging/llama.cpp): with the AVX2
+# (Haswell) CPU library and with the one llama.cpp picks here, the default main model's
+# batches of 2..17 tokens reproduce single-token logits bit for bit. Run from the bundle's
+# build environment (the same wheel) where the checkout has fetched that model.
+main_model=$(build/bundle-venv/bin/python -c \
+    'from backends.models.provision import DEFAULT_MAIN_KEY, model_path; print(model_path(DEFAULT_MAIN_KEY))')
+if [ -f "$main_model" ] && grep -qw avx2 /proc/cpuinfo; then
+    for variant in haswell ""; do
+        echo "check: bit-exact batches with the bundle's ${variant:-own} CPU library"
+        result=$(SPECDECK_CPU_VARIANT=$variant build/bundle-venv/bin/python -m \
+            benchmarks.exact_batches --child on --model "$main_model" --probe 17 \
+            --exactness-only 2>/dev/null | tail -n 1)
+        echo "$result"
+        case $result in
+            *'"all_probed_exact": true'*) ;;
+            *) echo "check: batched logits differ from single-token ones" >&2; exit 1 ;;
+        esac
+    done
+fi
 echo "check: removing"
 DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq specdeck >/dev/null
 test ! -e /opt/specdeck && test ! -e /usr/bin/specdeck

@@ -1,0 +1,1 @@
+"""Benchmarks: measured comparisons run as ``python -m benchmarks.NAME`` from the checkout."""

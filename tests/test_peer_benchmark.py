@@ -1,0 +1,258 @@
+"""The peer benchmark's plumbing and the kernel finding behind exact batches.
+
+The llama.cpp tools take ten minutes to build, so the runner is tested against stand-in
+executables that print what the real tools printed (recorded from llama.cpp 0.3.36's
+``llama-completion`` and ``llama-speculative-simple``) and exit as told; the benchmark run
+itself is the test of the real tools. The kernel finding is tested on the real 1.5B.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from benchmarks.exact_batches import run_child
+from benchmarks.peer_llama_cpp import (
+    PeerTools,
+    cmake_options,
+    common_arguments,
+    run_completion,
+    run_speculative,
+)
+from benchmarks.vs_llama_cpp import LLAMA_METHODS, PROMPTS, SPECDECK, PeerPrompt, _summarise, table
+
+if TYPE_CHECKING:
+    from backends.engines.weight_placement import WeightRepacking
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_FLAGS = (
+    next(
+        (
+            line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("flags")
+        ),
+        "",
+    )
+    if Path("/proc/cpuinfo").exists()
+    else ""
+)
+
+COMPLETION_LOG = """\
+0.00.671.282 I generate: n_ctx = 2048, n_batch = 2048, n_predict = 40, n_keep = 0
+0.04.101.609 I common_perf_print: prompt eval time =     225.79 ms /    13 tokens (   17.37 ms \
+per token,    57.58 tokens per second)
+0.04.101.616 I common_perf_print:        eval time =    3181.22 ms /    39 runs   (   81.57 ms \
+per token,    12.26 tokens per second)
+"""
+
+SPECULATIVE_LOG = """\
+0.06.075.577 I encoded   13 tokens in    0.301 seconds, speed:   43.174 t/s
+0.06.075.590 I decoded   44 tokens in    4.523 seconds, speed:    9.728 t/s
+0.06.075.601 I n_draft   = 3
+0.06.075.606 I n_predict = 44
+0.06.075.611 I n_drafted = 38
+0.06.075.617 I n_accept  = 31
+0.06.075.622 I accept    = 81.579%
+0.06.075.734 I common_perf_print: prompt eval time =    3330.43 ms /    65 tokens (   51.24 ms \
+per token,    19.52 tokens per second)
+"""
+
+PROMPT_TEXT = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def stand_in(folder: Path, name: str, stdout: str, stderr: str, status: int = 0) -> Path:
+    """An executable that records its arguments and prints what a llama.cpp tool printed."""
+    (folder / f"{name}.out").write_text(stdout, encoding="utf-8")
+    (folder / f"{name}.err").write_text(stderr, encoding="utf-8")
+    script = folder / name
+    script.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$@" > "{folder}/{name}.args"\n'
+        f'cat "{folder}/{name}.out"\ncat "{folder}/{name}.err" >&2\nexit {status}\n',
+        encoding="utf-8",
+    )
+    script.chmod(0o755)
+    return script
+
+
+def tools_in(completion: Path, speculative: Path) -> PeerTools:
+    return PeerTools(completion, speculative, "0.3.36", "test")
+
+
+def test_completion_run_reads_decode_speed_and_text(tmp_path: Path) -> None:
+    tool = stand_in(tmp_path, "llama-completion", "Hello!\n``` [end of text]\n\n", COMPLETION_LOG)
+    common = common_arguments(tmp_path / "m.gguf", tmp_path / "p.txt", 40, 2, 2048)
+    run = run_completion(tools_in(tool, tool), common)
+    assert run.text == "Hello!\n```"  # without the tool's end-of-generation mark
+    assert run.tokens_per_second == pytest.approx(12.26)  # the eval line, not the prompt's
+    assert run.tokens == 40  # 39 runs after the prompt's pass, which gave the first
+    assert run.acceptance is None
+    arguments = (tmp_path / "llama-completion.args").read_text(encoding="utf-8").split("\n")
+    assert arguments[arguments.index("--temp") : arguments.index("--temp") + 2] == ["--temp", "0"]
+    assert "-no-cnv" in arguments
+    assert "--no-display-prompt" in arguments
+    assert arguments[arguments.index("-t") + 1] == "2"
+
+
+def test_speculative_run_reads_acceptance_and_strips_the_echoed_prompt(tmp_path: Path) -> None:
+    tool = stand_in(tmp_path, "spec", f"\n\n{PROMPT_TEXT}Hello there!\n\n", SPECULATIVE_LOG)
+    common = common_arguments(tmp_path / "m.gguf", tmp_path / "p.txt", 40, 2, 2048)
+    draft = tmp_path / "d.gguf"
+    run = run_speculative(tools_in(tool, tool), common, "draft-simple", PROMPT_TEXT, draft)
+    assert run.text == "Hello there!"
+    assert run.tokens == 44
+    assert run.tokens_per_second == pytest.approx(9.728)
+    assert (run.drafted, run.accepted, run.draft_max) == (38, 31, 3)  # not n_drafted for n_draft
+    assert run.acceptance == pytest.approx(31 / 38)
+    arguments = (tmp_path / "spec.args").read_text(encoding="utf-8").split("\n")
+    assert arguments[arguments.index("--spec-type") + 1] == "draft-simple"
+    assert arguments[arguments.index("-md") + 1] == str(draft)
+    assert arguments[arguments.index("-td") + 1] == "2"  # the draft gets the same threads
+
+
+def test_a_failing_tool_is_one_line_naming_it(tmp_path: Path) -> None:
+    tool = stand_in(tmp_path, "spec", "", "loading\nfailed to initialize speculative decoding", 1)
+    common = common_arguments(tmp_path / "m.gguf", tmp_path / "p.txt", 40, 2, 2048)
+    with pytest.raises(RuntimeError, match=r"ngram-mod failed \(exit 1\).*failed to initialize"):
+        run_speculative(tools_in(tool, tool), common, "ngram-mod", PROMPT_TEXT)
+
+
+def test_a_tool_that_prints_no_speed_is_an_error(tmp_path: Path) -> None:
+    tool = stand_in(tmp_path, "llama-completion", "Hello!", "no timings here\n")
+    common = common_arguments(tmp_path / "m.gguf", tmp_path / "p.txt", 40, 2, 2048)
+    with pytest.raises(RuntimeError, match="no eval time"):
+        run_completion(tools_in(tool, tool), common)
+
+
+def test_the_build_compiles_amx_out_on_x86(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    options = cmake_options()
+    assert "-DGGML_NATIVE=ON" in options
+    assert any("-mno-amx-int8" in o for o in options if o.startswith("-DCMAKE_CXX_FLAGS="))
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")
+    assert not any("amx" in o for o in cmake_options())
+
+
+def sample(tok_s: float, acceptance: float | None = None, text: str = "same") -> dict[str, Any]:
+    return {"tok_s": tok_s, "tokens": 100, "acceptance": acceptance, "draft_max": 3, "text": text}
+
+
+def ours(plain: float, auto: float, identical: bool = True) -> dict[str, Any]:
+    return {
+        "plain_tok_s": plain,
+        "tok_s": auto,
+        "tokens": 100,
+        "acceptance": 0.5,
+        "identical": identical,
+        "exact_batch_limit": 3,
+        "rounds_by_method": {"none": 3},
+        "text": "same",
+    }
+
+
+def test_summary_takes_medians_and_compares_with_the_fastest_llama_cpp() -> None:
+    by_method: dict[str, list[dict[str, Any]]] = {
+        "llama.cpp plain": [sample(10.0), sample(12.0), sample(11.0)],
+        "llama.cpp draft": [sample(8.0, 0.8)] * 3,
+        "llama.cpp ngram-simple": [sample(13.2, 0.4)] * 3,
+        "llama.cpp ngram-mod": [sample(9.0)] * 3,
+        SPECDECK: [ours(11.0, 16.5), ours(12.0, 18.0), ours(10.0, 15.0)],
+    }
+    summary = _summarise(PeerPrompt("x", "edit", "x"), by_method)
+    assert summary["methods"]["llama.cpp plain"]["tok_s"] == 11.0
+    assert summary["methods"]["llama.cpp ngram-simple"]["ratio"] == pytest.approx(1.2)
+    assert summary["specdeck"]["ratio"] == pytest.approx(1.5)
+    assert summary["specdeck"]["best_llama_cpp"] == "llama.cpp ngram-simple"
+    assert summary["specdeck"]["vs_best_llama_cpp"] == pytest.approx(16.5 / 13.2, abs=1e-3)
+    assert summary["specdeck"]["same_text_as_llama_cpp"]
+    rendered = table({"prompts": {"x": summary}})
+    assert "| x (edit) | 11.00 tok/s | 0.73× (80 %), k=3 | 1.20× (40 %) |" in rendered
+    assert "1.25× (ngram-simple) |" in rendered
+    by_method[SPECDECK] = [ours(11.0, 16.5, identical=False)]
+    assert "TEXT DIFFERS" in table({"prompts": {"x": _summarise(PROMPTS[0], by_method)}})
+    assert set(LLAMA_METHODS) <= set(summary["methods"])
+
+
+def run_benchmark(*arguments: str, env: dict[str, str] | None = None) -> Any:
+    done = subprocess.run(
+        [sys.executable, *arguments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def test_unknown_prompt_is_refused_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.vs_llama_cpp", "--prompts", "haiku"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "unknown prompt haiku (known: new-function, prose, docstrings, refactor)" in done.stderr
+
+
+def exactness_child(
+    model: Path, repacking: WeightRepacking, probe: int, **env: str
+) -> dict[str, Any]:
+    return run_child(model, repacking, probe, env, exactness_only=True)
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() != "x86_64",
+    reason="scripts/setup installs the patched build; elsewhere a stock build is fine",
+)
+def test_the_installed_llama_cpp_python_carries_the_current_patch() -> None:
+    pin = re.search(r'"llama-cpp-python==([0-9.]+)"', (ROOT / "pyproject.toml").read_text())
+    assert pin is not None
+    patches = b"".join(
+        p.read_bytes() for p in sorted((ROOT / "packaging/llama.cpp").glob("*.patch"))
+    )
+    digest = hashlib.sha256(patches).hexdigest()[:10]
+    if digest.isdigit():
+        digest = f"p{digest}"  # as build-wheel does, so that PEP 440 keeps it a string
+    installed = version("llama-cpp-python")
+    assert installed == f"{pin.group(1)}+specdeck.{digest}", (
+        f"llama-cpp-python {installed} is not SpecDeck's patched build: run scripts/setup"
+    )
+
+
+needs_x86_tiled = pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64") or " avx2" not in CPU_FLAGS,
+    reason="the patched repack GEMM and the tiled matmul are x86 AVX2/AVX-512 kernels",
+)
+
+
+@needs_x86_tiled
+def test_every_verification_batch_is_exact_with_repacked_weights(qwen_main_path: Path) -> None:
+    # Issue 14: with SpecDeck's build the default load (weights repacked) reproduces single
+    # steps bit for bit for every probed batch (stock llama.cpp: up to 3 tokens).
+    assert exactness_child(qwen_main_path, "on", 17) == {
+        "exact_batch_limit": 17,
+        "all_probed_exact": True,
+    }
+
+
+@needs_x86_tiled
+def test_the_tiled_matmul_from_8_rows_is_what_breaks_bigger_batches(qwen_main_path: Path) -> None:
+    # llama.cpp's own threshold back: the Q6_K matmuls turn tiled at 8 rows and batches of 8
+    # no longer reproduce single steps; with repacking off too (its Q4_K ones as well).
+    for repacking in ("on", "off"):
+        result = exactness_child(qwen_main_path, repacking, 12, GGML_CPU_TILED_MM_MIN_ROWS="8")
+        assert result == {"exact_batch_limit": 7, "all_probed_exact": False}, repacking
