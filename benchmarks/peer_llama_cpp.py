@@ -45,9 +45,14 @@ class PeerTools:
     configuration: str  # the CMake options, for the report
 
 
+def stock_release() -> str:
+    """The installed llama-cpp-python's release (SpecDeck's build is VERSION+specdeck.N)."""
+    return version("llama-cpp-python").split("+")[0]
+
+
 def stock_library_folder() -> Path | None:
     """The stock llama.cpp shared libraries of a finished peer build (None: not built yet)."""
-    folder = cache_root() / version("llama-cpp-python").split("+")[0] / "build" / "bin"
+    folder = cache_root() / stock_release() / "build" / "bin"
     return folder if (folder / "libllama.so").exists() else None
 
 
@@ -120,8 +125,7 @@ def _fetch_sources(release: str, into: Path) -> Path:
 
 def build_tools(log: Callable[[str], None] = print) -> PeerTools:
     """The two tools for the installed llama-cpp-python's version, built when not cached."""
-    # SpecDeck's own build is VERSION+specdeck.N; llama.cpp's tools come from the stock sdist.
-    release = version("llama-cpp-python").split("+")[0]
+    release = stock_release()
     root = cache_root() / release
     binaries = root / "build" / "bin"
     options = cmake_options()

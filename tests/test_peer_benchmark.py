@@ -9,7 +9,6 @@ itself is the test of the real tools. The kernel finding is tested on the real 1
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
 import re
 import subprocess
@@ -183,19 +182,6 @@ def test_summary_takes_medians_and_compares_with_the_fastest_llama_cpp() -> None
     assert set(LLAMA_METHODS) <= set(summary["methods"])
 
 
-def run_benchmark(*arguments: str, env: dict[str, str] | None = None) -> Any:
-    done = subprocess.run(
-        [sys.executable, *arguments],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, **(env or {})},
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done
-
-
 def test_unknown_prompt_is_refused_in_one_line() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.vs_llama_cpp", "--prompts", "haiku"],
@@ -206,12 +192,6 @@ def test_unknown_prompt_is_refused_in_one_line() -> None:
     )
     assert done.returncode == 2
     assert "unknown prompt haiku (known: new-function, prose, docstrings, refactor)" in done.stderr
-
-
-def exactness_child(
-    model: Path, repacking: WeightRepacking, probe: int, **env: str
-) -> dict[str, Any]:
-    return run_child(model, repacking, probe, env, exactness_only=True)
 
 
 @pytest.mark.skipif(
@@ -243,7 +223,7 @@ needs_x86_tiled = pytest.mark.skipif(
 def test_every_verification_batch_is_exact_with_repacked_weights(qwen_main_path: Path) -> None:
     # Issue 14: with SpecDeck's build the default load (weights repacked) reproduces single
     # steps bit for bit for every probed batch (stock llama.cpp: up to 3 tokens).
-    assert exactness_child(qwen_main_path, "on", 17) == {
+    assert run_child(qwen_main_path, "on", 17, {}, exactness_only=True) == {
         "exact_batch_limit": 17,
         "all_probed_exact": True,
     }
@@ -253,6 +233,8 @@ def test_every_verification_batch_is_exact_with_repacked_weights(qwen_main_path:
 def test_the_tiled_matmul_from_8_rows_is_what_breaks_bigger_batches(qwen_main_path: Path) -> None:
     # llama.cpp's own threshold back: the Q6_K matmuls turn tiled at 8 rows and batches of 8
     # no longer reproduce single steps; with repacking off too (its Q4_K ones as well).
-    for repacking in ("on", "off"):
-        result = exactness_child(qwen_main_path, repacking, 12, GGML_CPU_TILED_MM_MIN_ROWS="8")
+    repackings: tuple[WeightRepacking, ...] = ("on", "off")
+    for repacking in repackings:
+        variables = {"GGML_CPU_TILED_MM_MIN_ROWS": "8"}
+        result = run_child(qwen_main_path, repacking, 12, variables, exactness_only=True)
         assert result == {"exact_batch_limit": 7, "all_probed_exact": False}, repacking
