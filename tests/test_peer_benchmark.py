@@ -238,3 +238,9 @@ def test_the_tiled_matmul_from_8_rows_is_what_breaks_bigger_batches(qwen_main_pa
         variables = {"GGML_CPU_TILED_MM_MIN_ROWS": "8"}
         result = run_child(qwen_main_path, repacking, 12, variables, exactness_only=True)
         assert result == {"exact_batch_limit": 7, "all_probed_exact": False}, repacking
+
+
+def test_a_failing_measuring_process_is_one_line_with_its_cause(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model.gguf"
+    with pytest.raises(RuntimeError, match=r"measuring process failed \(exit 1\).*no-such-model"):
+        run_child(missing, "on", 4, {}, exactness_only=True)
