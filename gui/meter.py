@@ -55,7 +55,12 @@ TITLE_POINT_SCALE = 1.1
 TILE_VALUE_POINT_SCALE = 1.25
 
 # Friendlier names for the drafters' report names (stats.rounds_by_method keys).
-METHOD_DISPLAY_NAMES = {"ngram-simple": "n-gram", "ngram-mod": "n-gram (mod)", "none": "none"}
+METHOD_DISPLAY_NAMES = {
+    "ngram-simple": "n-gram",
+    "ngram-mod": "n-gram (mod)",
+    "edit-copy": "edit copy",
+    "none": "none",
+}
 DRAFT_MODEL_PREFIX = "draft model"
 
 

@@ -171,18 +171,26 @@ SETTINGS: tuple[SettingSpec, ...] = (
         default=DEFAULT_METHOD,
         title="Speculation",
         tooltip=(
-            "How drafts are made. Auto picks the draft model, an n-gram lookup or plain "
-            "decoding every round from measured speed and acceptance; the others force one "
-            "method, like llama.cpp's --spec-type."
+            "How drafts are made. Auto picks the draft model, a lookup or plain decoding "
+            "every round from measured speed and acceptance; the others force one method, "
+            "like llama.cpp's --spec-type."
         ),
         group="speculation",
         choices=_PICKABLE_METHODS,
-        choice_titles=("Auto (recommended)", "Draft model only", "n-gram simple", "n-gram mod"),
+        choice_titles=(
+            "Auto (recommended)",
+            "Draft model only",
+            "n-gram simple",
+            "n-gram mod",
+            "Edit copy",
+        ),
         choice_tooltips=(
-            "Picks the draft model, an n-gram lookup or no drafting each round, whichever pays.",
+            "Picks the draft model, a lookup or no drafting each round, whichever pays.",
             "Every round drafts with the draft model (classic speculative decoding).",
             "Prompt lookup: copies what followed the last few tokens earlier in the chat.",
             "A table of n-grams seen so far, kept across answers, drafts by chaining lookups.",
+            "Copies the text being edited and learns the answer's changes (renames) as it "
+            "goes: for rewrites, refactors and added docstrings.",
         ),
     ),
     SettingSpec(

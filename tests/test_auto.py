@@ -47,7 +47,9 @@ def test_auto_on_the_default_pair_is_plain_decoding(
         )
     # The rewrite copies its prompt: the lookups drafted some of it.
     lookup_rounds = sum(
-        count for name, count in result.stats.rounds_by_method.items() if name.startswith("ngram")
+        count
+        for name, count in result.stats.rounds_by_method.items()
+        if name.startswith("ngram") or name == "edit-copy"
     )
     assert lookup_rounds > 0
     assert result.stats.accepted_draft_tokens_count > 0
@@ -98,7 +100,7 @@ def test_fast_batches_differ_from_plain_only_at_near_ties(qwen_main: LlamaEngine
         assert margin < 1.0, f"diverged at token {first} where plain decoding was sure ({margin})"
 
 
-@pytest.mark.parametrize("method", ["draft-model", "ngram-simple", "ngram-mod", "off"])
+@pytest.mark.parametrize("method", ["draft-model", "ngram-simple", "ngram-mod", "edit-copy", "off"])
 def test_forced_methods_are_lossless_with_adaptive_length(
     smollm_target: LlamaEngine, smollm_draft: LlamaEngine, method: str
 ) -> None:

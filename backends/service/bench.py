@@ -390,6 +390,7 @@ SUITE_METHODS: tuple[tuple[str, SpeculationMethod, bool, bool], ...] = (
     ("ngram-simple, fast", "ngram-simple", True, False),
     ("ngram-mod", "ngram-mod", True, True),
     ("ngram-mod, fast", "ngram-mod", True, False),
+    ("edit-copy", "edit-copy", True, True),
     ("auto", "auto", True, True),
     ("auto, fast", "auto", True, False),
 )

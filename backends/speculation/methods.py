@@ -1,11 +1,11 @@
 """The speculation methods a user picks, and the decoder each one builds.
 
 - ``auto`` (the default): the planner chooses every round between the draft model (when
-  one is loaded), the n-gram lookups and plain decoding, from measured costs and
-  acceptance, so speculation is used where it pays and not where it costs.
-- ``draft-model``, ``ngram-simple``, ``ngram-mod``: one method forced. With a fixed draft
-  length every round drafts up to the maximum (llama.cpp's behaviour); with an adaptive one
-  the planner still picks the length, 0 (plain decoding) included.
+  one is loaded), the lookups (n-gram and edit copy) and plain decoding, from measured
+  costs and acceptance, so speculation is used where it pays and not where it costs.
+- ``draft-model``, ``ngram-simple``, ``ngram-mod``, ``edit-copy``: one method forced. With
+  a fixed draft length every round drafts up to the maximum (llama.cpp's behaviour); with an
+  adaptive one the planner still picks the length, 0 (plain decoding) included.
 - ``off``: plain decoding.
 """
 
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 from backends.errors import SettingsError
 from backends.speculation.drafters import DraftModelDrafter
+from backends.speculation.edit_copy import EditCopyDrafter
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.ngram import NgramModDrafter, NgramSimpleDrafter
 from backends.speculation.types import DEFAULT_P_MIN
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from backends.speculation.planner import CostCache
     from backends.speculation.types import Drafter
 
-SpeculationMethod = Literal["auto", "draft-model", "ngram-simple", "ngram-mod", "off"]
+SpeculationMethod = Literal["auto", "draft-model", "ngram-simple", "ngram-mod", "edit-copy", "off"]
 METHODS: tuple[SpeculationMethod, ...] = get_args(SpeculationMethod)
 DEFAULT_METHOD: SpeculationMethod = "auto"
 
@@ -52,7 +53,7 @@ def build_decoder(
     """
     drafters: list[Drafter] = []
     if method == "auto":
-        drafters = [NgramSimpleDrafter(), NgramModDrafter()]
+        drafters = [EditCopyDrafter(), NgramModDrafter()]
         if draft is not None:
             drafters.append(DraftModelDrafter(draft, p_min=p_min))
         return SpeculativeDecoder(target, drafters, adaptive=True, cost_cache=cost_cache)
@@ -64,6 +65,8 @@ def build_decoder(
         drafters = [NgramSimpleDrafter()]
     elif method == "ngram-mod":
         drafters = [NgramModDrafter()]
+    elif method == "edit-copy":
+        drafters = [EditCopyDrafter()]
     elif method != "off":
         raise SettingsError(f"unknown speculation method {method!r}")
     return SpeculativeDecoder(target, drafters, adaptive=adaptive, cost_cache=cost_cache)

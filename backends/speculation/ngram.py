@@ -34,7 +34,7 @@ DEFAULT_MOD_ORDER = 4  # n of ngram-mod's n-grams
 DEFAULT_MOD_CAPACITY = 1 << 18  # entries kept by ngram-mod (oldest dropped first)
 
 
-class _IncrementalIndex:
+class IncrementalIndex:
     """Follows a growing token sequence; tells which tokens are new since the last call."""
 
     def __init__(self) -> None:
@@ -80,7 +80,7 @@ class NgramSimpleDrafter(LookupDrafter):
             )
         self.min_match = min_match
         self.max_match = max_match
-        self._index = _IncrementalIndex()
+        self._index = IncrementalIndex()
         # n-gram -> end positions (exclusive) of its occurrences, oldest first
         self._positions: dict[tuple[int, ...], list[int]] = {}
         self._indexed_end = 0  # n-grams ending at positions <= this are indexed
@@ -104,14 +104,27 @@ class NgramSimpleDrafter(LookupDrafter):
 
     def propose(self, context: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
         """The proposed continuation and its evidence (matched length, 0 when none)."""
+        if max_tokens <= 0:
+            return [], 0
+        best_end, best_length = self.best_match(context)
+        if best_end < 0:
+            return [], 0
+        return self._index.tokens[best_end : best_end + max_tokens], best_length
+
+    def best_match(self, context: Sequence[int]) -> tuple[int, int]:
+        """(end, length) of the best earlier match of the context's tail; (-1, 0) if none.
+
+        ``end`` is the index in ``context`` just after the earlier occurrence: the token
+        there is the first one a lookup proposes.
+        """
         self._index_new_tokens(self._index.update(context))
         tokens = self._index.tokens
         n = self.min_match
-        if max_tokens <= 0 or len(tokens) <= n:
-            return [], 0
+        if len(tokens) <= n:
+            return -1, 0
         ends = self._positions.get(tuple(tokens[-n:]))
         if not ends:
-            return [], 0
+            return -1, 0
         total = len(tokens)
         best_end, best_length = -1, 0
         # Newest first; the last entry is the tail itself.
@@ -129,9 +142,7 @@ class NgramSimpleDrafter(LookupDrafter):
                 best_end, best_length = end, length
                 if length >= self.max_match:
                     break
-        if best_end < 0:
-            return [], 0
-        return tokens[best_end : best_end + max_tokens], best_length
+        return best_end, best_length
 
 
 class NgramModDrafter(LookupDrafter):
@@ -154,7 +165,7 @@ class NgramModDrafter(LookupDrafter):
             raise SettingsError(f"n-gram table capacity must be >= 1, got {capacity}")
         self.order = order
         self.capacity = capacity
-        self._index = _IncrementalIndex()
+        self._index = IncrementalIndex()
         # n-gram -> (next token, times this continuation was seen in a row)
         self._table: OrderedDict[tuple[int, ...], tuple[int, int]] = OrderedDict()
 

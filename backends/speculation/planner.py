@@ -48,12 +48,14 @@ ACCEPTANCE_DECAY = 0.98  # older rounds count for less: the text changes as it g
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior rate
 DRAFT_MODEL_PRIOR = 0.75  # what a compatible draft model typically gets per position
 # A lookup's first token is a guess whose odds grow with the match behind it; once it is
-# right the lookup is usually copying, and the next ones are right too.
-LOOKUP_FIRST_PRIORS = (0.35, 0.5, 0.6, 0.7)  # by evidence level
+# right the lookup is usually copying, and the next ones are right too. Evidence 0 is a
+# proposal with no match behind it (edit copy's guess where an edit ends, a chain of
+# n-grams seen once): tried only once the shadows show such guesses come true here.
+LOOKUP_FIRST_PRIORS = (0.2, 0.35, 0.5, 0.6, 0.7)  # by evidence level
 LOOKUP_LATER_PRIOR = 0.9
 UNUSED_DRIFT = 0.995  # per round a drafter sits unused, its evidence fades (re-exploration)
 GAIN_MARGIN = 1.03  # speculate only when expected to be at least this much faster
-EVIDENCE_LEVELS = (0, 4, 8, 16)  # lookup evidence buckets: match length >= each bound
+EVIDENCE_LEVELS = (0, 1, 4, 8, 16)  # lookup evidence buckets: match length >= each bound
 SHADOW_LIMIT = 64  # longest unused lookup proposal scored against the real continuation
 
 
