@@ -1,4 +1,8 @@
-"""SpecDeck's entry point: ``specdeck`` opens the window (the engine runs in a child process)."""
+"""SpecDeck's entry point: ``specdeck`` opens the window (the engine runs in a child process).
+
+``specdeck serve …`` runs the OpenAI-compatible local API without a window
+(:mod:`backends.service.serve_cli`).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ log = logging.getLogger("gui")
 LOG_FILE = "specdeck.log"
 PIP_FLAG = "--pip"  # must match backends.models.provision's frozen download command
 MODELS_FLAG = "--models"  # the frozen app's specdeck-models: "specdeck --models fetch …"
+SERVE_COMMAND = "serve"  # "specdeck serve --port 8765": the local API, no window
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         from backends.service.models_cli import main as models_main
 
         return models_main(arguments[1:])
+    if arguments[:1] == [SERVE_COMMAND]:
+        from backends.service.serve_cli import main as serve_main
+
+        return serve_main(arguments[1:])
     args = build_parser().parse_args(arguments)
     if args.engine_server:
         from backends.service.engine_server import main as serve

@@ -226,3 +226,33 @@ def test_real_model_keeps_target_distribution(
 
     assert two_sample_p(reference, observed) > SIGNIFICANCE
     assert two_sample_p(reference, hot) < SIGNIFICANCE
+
+
+def test_a_seed_gives_plain_samplings_text_with_sample_match(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine
+) -> None:
+    """Sample-match emits one draw of the target's stream per token: drafts cannot change it.
+
+    Rejection sampling's text depends on what was drafted (its draws decide acceptance);
+    sample-match's does not, so a seed reproduces plain sampling's answer exactly.
+    """
+    prompt = SpeculativeDecoder(smollm_target).prompt_tokens(user("Tell me about the sea."))
+    draft_sampling = SamplingSettings(temperature=1.3)
+    speculative = SpeculativeDecoder(
+        smollm_target, DraftModelDrafter(smollm_draft, p_min=0.0, sampling=draft_sampling)
+    )
+    for seed in (3, 4):
+        settings = GenerationSettings(
+            max_tokens=40,
+            draft_max=4,
+            p_min=0.0,
+            verification="sample-match",
+            sampling=SamplingSettings(temperature=1.0, seed=seed),
+        )
+        smollm_target.truncate(0)
+        plain = SpeculativeDecoder(smollm_target).run(prompt, settings)
+        smollm_target.truncate(0)
+        smollm_draft.truncate(0)
+        result = speculative.run(prompt, settings)
+        assert result.stats.accepted_draft_tokens_count > 0
+        assert result.token_ids == plain.token_ids, seed

@@ -22,6 +22,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
@@ -68,7 +69,7 @@ _FORMAT_NAMES: dict[ModelFormat, str] = {"gguf": "a GGUF", "mlx": "an MLX"}
 
 
 @dataclass
-class _LoadedPair:
+class LoadedPair:
     """The models in memory and the decoders built on them."""
 
     request: LoadRequest
@@ -105,6 +106,76 @@ class _LoadedPair:
         self.main.close()
 
 
+LoadProgressReport = Callable[[float, str], None]  # (fraction 0..1, what is being done)
+
+
+def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) -> LoadedPair:
+    """Check and load the pair a request names; calibrate auto's planner on it.
+
+    Raises a one-line SpecDeckError for a wrong model format, an incompatible pair or a
+    pair far bigger than the free memory. ``progress`` hears of both loads (0..0.9) and of
+    the calibration (0.92).
+    """
+    main_info = read_catalog_model(request.main_path)
+    draft_info = read_catalog_model(request.draft_path) if request.draft_path else None
+    for info in (main_info, draft_info):
+        if info is not None and info.format != _FORMAT_OF_ENGINE[request.engine]:
+            wanted = _FORMAT_OF_ENGINE[request.engine]
+            raise SettingsError(
+                f"{info.path.name} is {_FORMAT_NAMES[info.format]} model; the "
+                f"{request.engine} engine reads {wanted.upper()} models"
+            )
+    if draft_info is not None:
+        check_compatibility(main_info, draft_info)
+    needed = estimate_pair_memory(main_info, draft_info, request.n_ctx)
+    free = available_memory()
+    if needed > free * MEMORY_REFUSAL_FACTOR:
+        raise SpecDeckError(
+            f"not enough memory: the models need about {needed / 2**30:.1f} GB, "
+            f"{free / 2**30:.1f} GB is available; choose smaller models or a smaller context"
+        )
+    main_share = main_info.file_size / (
+        main_info.file_size + (draft_info.file_size if draft_info else 0)
+    )
+
+    def part(start: float, share: float, what: str) -> Callable[[float], None] | None:
+        if progress is None:
+            return None
+        report = progress
+        return lambda fraction: report(0.9 * (start + share * fraction), what)
+
+    main = open_engine(
+        request.engine,
+        Path(request.main_path),
+        n_ctx=request.n_ctx,
+        settings=request.risky,
+        progress=part(0.0, main_share, f"loading {main_info.name}"),
+    )
+    draft: ModelEngine | None = None
+    try:
+        if draft_info is not None and request.draft_path is not None:
+            draft = open_engine(
+                request.engine,
+                Path(request.draft_path),
+                n_ctx=request.n_ctx,
+                settings=request.risky,
+                is_draft=True,
+                progress=part(main_share, 1.0 - main_share, f"loading {draft_info.name}"),
+            )
+        pair = LoadedPair(request, main, draft)
+        if request.method == "auto":
+            if progress is not None:
+                progress(0.92, "measuring batch costs")
+            checkpoint("calibration", request.main_path, safe=request.risky == SAFEST)
+            pair.decoder(request.method, DEFAULT_P_MIN).prepare()
+    except BaseException:
+        if draft is not None:
+            draft.close()
+        main.close()
+        raise
+    return pair
+
+
 class EngineServer:
     """Executes commands one at a time and writes events; ``serve()`` runs until ``quit``."""
 
@@ -113,7 +184,7 @@ class EngineServer:
         self._write_lock = threading.Lock()
         self._commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._cancel = threading.Event()
-        self._pair: _LoadedPair | None = None
+        self._pair: LoadedPair | None = None
         add_stage_listener(self._on_load_stage)
 
     def _on_load_stage(self, stage: str, model: str) -> None:
@@ -199,72 +270,18 @@ class EngineServer:
     def _load(self, request: LoadRequest) -> None:
         started = time.perf_counter()
         self._unload()
-        main_info = read_catalog_model(request.main_path)
-        draft_info = read_catalog_model(request.draft_path) if request.draft_path else None
-        for info in (main_info, draft_info):
-            if info is not None and info.format != _FORMAT_OF_ENGINE[request.engine]:
-                wanted = _FORMAT_OF_ENGINE[request.engine]
-                raise SettingsError(
-                    f"{info.path.name} is {_FORMAT_NAMES[info.format]} model; the "
-                    f"{request.engine} engine reads {wanted.upper()} models"
-                )
-        if draft_info is not None:
-            check_compatibility(main_info, draft_info)
-        needed = estimate_pair_memory(main_info, draft_info, request.n_ctx)
-        free = available_memory()
-        if needed > free * MEMORY_REFUSAL_FACTOR:
-            raise SpecDeckError(
-                f"not enough memory: the models need about {needed / 2**30:.1f} GB, "
-                f"{free / 2**30:.1f} GB is available; choose smaller models or a smaller context"
-            )
-        main_share = main_info.file_size / (
-            main_info.file_size + (draft_info.file_size if draft_info else 0)
-        )
-        last_sent = 0.0
+        last_sent, last_message = 0.0, ""
 
-        def progress(start: float, share: float, what: str) -> Any:
-            def report(fraction: float) -> None:
-                nonlocal last_sent
-                now = time.monotonic()
-                if now - last_sent >= PROGRESS_EVENT_INTERVAL or fraction >= 1.0:
-                    last_sent = now
-                    self.emit(
-                        "load_progress",
-                        fraction=round(0.9 * (start + share * fraction), 4),
-                        message=what,
-                    )
+        def progress(fraction: float, message: str) -> None:
+            nonlocal last_sent, last_message
+            now = time.monotonic()
+            if now - last_sent >= PROGRESS_EVENT_INTERVAL or message != last_message:
+                last_sent, last_message = now, message
+                self.emit("load_progress", fraction=round(fraction, 4), message=message)
 
-            return report
-
-        main = open_engine(
-            request.engine,
-            Path(request.main_path),
-            n_ctx=request.n_ctx,
-            settings=request.risky,
-            progress=progress(0.0, main_share, f"loading {main_info.name}"),
-        )
-        draft: ModelEngine | None = None
-        try:
-            if draft_info is not None and request.draft_path is not None:
-                draft = open_engine(
-                    request.engine,
-                    Path(request.draft_path),
-                    n_ctx=request.n_ctx,
-                    settings=request.risky,
-                    is_draft=True,
-                    progress=progress(main_share, 1.0 - main_share, f"loading {draft_info.name}"),
-                )
-            pair = _LoadedPair(request, main, draft)
-            if request.method == "auto":
-                self.emit("load_progress", fraction=0.92, message="measuring batch costs")
-                checkpoint("calibration", request.main_path, safe=request.risky == SAFEST)
-                pair.decoder(request.method, DEFAULT_P_MIN).prepare()
-        except BaseException:
-            if draft is not None:
-                draft.close()
-            main.close()
-            raise
+        pair = open_pair(request, progress)
         self._pair = pair
+        main, draft = pair.main, pair.draft
         self.emit(
             "loaded",
             main=asdict(main.load_report),

@@ -11,7 +11,9 @@ sampling of Leviathan et al. 2023 (arXiv 2211.17192, Algorithm 1) and Chen et al
 (arXiv 2302.01318): accept draft token x with probability min(1, p(x)/q(x)), otherwise
 sample from normalize(max(0, p − q)); the emitted tokens follow the target's distribution
 exactly. ``verification="sample-match"`` instead samples the target and compares (what
-llama.cpp's server and mlx-lm do): also lossless, but it accepts less often.
+llama.cpp's server and mlx-lm do): also lossless, but it accepts less often from a
+sampling draft model; every emitted token is then one draw of the target's own random
+stream, so with a seed the text is plain sampling's with that seed, whatever was drafted.
 
 Draft-token accounting follows LM Studio's names:
 
@@ -200,7 +202,13 @@ class _Generation:
         self.settings = settings
         self.sampling = settings.sampling
         self.cancel = cancel
+        # Verification and drafting draw from separate streams of the seed: with
+        # sample-match verification every emitted token is then one draw of the target's
+        # own stream, so a seed gives the text plain sampling gives, whatever was drafted.
         self.rng = np.random.default_rng(self.sampling.seed)
+        self.draft_rng = np.random.default_rng(
+            np.random.SeedSequence(self.sampling.seed).spawn(1)[0]
+        )
         self.context = list(prompt)
         self.end_ids = target.vocab.end_of_generation_ids
         self.stats = SpeculationStats(prompt_tokens=len(prompt))
@@ -257,7 +265,7 @@ class _Generation:
 
     def _make_draft(self, drafter: Drafter, max_tokens: int) -> Draft:
         started = time.perf_counter()
-        draft = drafter.draft(self.context, max_tokens, self.sampling, self.rng, self.cancel)
+        draft = drafter.draft(self.context, max_tokens, self.sampling, self.draft_rng, self.cancel)
         elapsed = time.perf_counter() - started
         self.stats.draft_seconds += elapsed
         drafter.stats.seconds += elapsed

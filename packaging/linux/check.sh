@@ -54,6 +54,23 @@ fi
 tail -n 1 "$log"
 grep -q "^self-test: FAILED: the models did not load: .*SIGSEGV: Segmentation fault" "$log"
 test $(($(date +%s) - started)) -lt 60
+# The installed app serves the OpenAI-compatible API (aiohttp is in the bundle): a chat
+# answer over HTTP from the small model, then a clean stop.
+echo "check: specdeck serve answers over HTTP"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+run_installed /usr/bin/specdeck serve --port "$port" --no-draft \
+    --main "$models/SmolLM2-135M-Instruct.Q4_1.gguf" >"$log" 2>&1 &
+server=$!
+for _ in $(seq 1 120); do
+    curl -s "http://127.0.0.1:$port/v1/models" | grep -q '"unavailable": null' && break
+    sleep 0.5
+done
+answer=$(curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+    -d '{"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}')
+kill "$server"
+pkill -f "serve --port $port" || true
+wait "$server" || true
+echo "$answer" | grep -q '"object": "chat.completion"' || { cat "$log"; echo "$answer"; exit 1; }
 rm -f "$log"
 # The bundled llama.cpp carries SpecDeck's patch (packaging/llama.cpp): with the AVX2
 # (Haswell) CPU library and with the one llama.cpp picks here, the default main model's

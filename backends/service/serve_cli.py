@@ -1,0 +1,254 @@
+"""``specdeck serve``: the OpenAI-compatible API on a loaded pair, without the window.
+
+    specdeck serve                                    # the default pair on 127.0.0.1:8765
+    specdeck serve --main big.gguf --draft small.gguf --port 1234
+    specdeck serve --host 0.0.0.0 --api-key "$KEY"   # other machines: only with a key
+
+The port opens at once; requests get 503 ("the models are still loading") until the pair
+is loaded, then run one at a time (see :mod:`backends.service.api_server`). One line per
+served request goes to stderr: tok/s, acceptance and the draft-token counts. Ctrl+C stops
+after the running round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from backends.engines.interface import DEFAULT_CONTEXT_SIZE
+from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
+from backends.errors import SpecDeckError
+from backends.service.api_server import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    ApiServer,
+    PairWorker,
+    ServedModel,
+    ServerSettings,
+)
+from backends.service.engine_server import LoadedPair, open_pair
+from backends.service.protocol import ENGINE_KINDS, LoadRequest
+from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
+from backends.speculation.sampling import SamplingSettings
+from backends.speculation.types import (
+    DEFAULT_DRAFT_MAX,
+    DEFAULT_DRAFT_MIN,
+    DEFAULT_LOOKUP_DRAFT_MAX,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_P_MIN,
+    GenerationSettings,
+)
+
+if TYPE_CHECKING:
+    from backends.service.api_server import ApiJob
+    from backends.speculation.types import SpeculationStats
+
+PROG = "specdeck serve"
+API_KEY_ENV = "SPECDECK_API_KEY"
+EXIT_BAD_SETTINGS = 2
+
+log = logging.getLogger("backends.service.serve")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``specdeck serve``."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Serve the main model (with its draft) over an OpenAI-compatible HTTP API "
+        "with speculative decoding. Without --main/--draft it serves the default pair.",
+    )
+    parser.add_argument("--main", type=Path, help="main model (a GGUF file, or an MLX folder)")
+    parser.add_argument("--draft", type=Path, help="draft model (same kind as --main)")
+    parser.add_argument(
+        "--no-draft", action="store_true", help="no draft model: the lookups and plain decoding"
+    )
+    parser.add_argument("--engine", choices=ENGINE_KINDS, default="llama.cpp")
+    parser.add_argument(
+        "--method",
+        default=DEFAULT_METHOD,
+        help=f"speculation method: {', '.join(METHODS)} (default: {DEFAULT_METHOD})",
+    )
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address (default: {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"(default: {DEFAULT_PORT})")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}); needed "
+        "for any address but 127.0.0.1",
+    )
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        help="allow browser pages from this origin (repeatable; '*' for any); default: none",
+    )
+    parser.add_argument("--ctx", type=int, default=DEFAULT_CONTEXT_SIZE, help="context size")
+    parser.add_argument("--threads", type=int, default=None, help="default: physical cores")
+    parser.add_argument("--gpu-layers", type=int, default=-1, help="main model layers on GPU")
+    parser.add_argument("--weight-repacking", choices=WEIGHT_REPACKING_MODES, default="auto")
+    defaults = parser.add_argument_group("generation defaults (a request may override them)")
+    defaults.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    defaults.add_argument("--temperature", type=float, default=0.0)
+    defaults.add_argument("--top-k", type=int, default=0, help="0 = off")
+    defaults.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
+    defaults.add_argument("--min-p", type=float, default=0.0, help="0.0 = off")
+    defaults.add_argument("--seed", type=int, default=None)
+    defaults.add_argument("--draft-max", type=int, default=DEFAULT_DRAFT_MAX)
+    defaults.add_argument("--draft-min", type=int, default=DEFAULT_DRAFT_MIN)
+    defaults.add_argument("--p-min", type=float, default=DEFAULT_P_MIN)
+    defaults.add_argument("--lookup-draft-max", type=int, default=DEFAULT_LOOKUP_DRAFT_MAX)
+    parser.add_argument("--debug", action="store_true", help="log every request and the engine")
+    return parser
+
+
+def _defaults(args: argparse.Namespace) -> GenerationSettings:
+    return GenerationSettings(
+        max_tokens=args.max_tokens,
+        sampling=SamplingSettings(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            seed=args.seed,
+        ),
+        draft_max=args.draft_max,
+        draft_min=args.draft_min,
+        p_min=args.p_min,
+        lookup_draft_max=args.lookup_draft_max,
+    )
+
+
+def _model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    main, draft = args.main, None if args.no_draft else args.draft
+    if main is None or (draft is None and not args.no_draft and args.main is None):
+        from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, ensure_model
+        from backends.service.models_cli import TextProgressBar
+
+        progress = TextProgressBar(sys.stderr)
+        try:
+            main = main or ensure_model(DEFAULT_MAIN_KEY, progress)
+            if draft is None and not args.no_draft:
+                draft = ensure_model(DEFAULT_DRAFT_KEY, progress)
+        finally:
+            progress.finish()
+    return main, draft
+
+
+def served_model(path: str, name: str) -> ServedModel:
+    """How the API names a loaded model: its file or folder name without ``.gguf``."""
+    stem = Path(path).name
+    if stem.lower().endswith(".gguf"):
+        stem = stem[: -len(".gguf")]
+    return ServedModel(id=stem, name=name, path=path)
+
+
+def _report(job: ApiJob, stats: SpeculationStats) -> None:
+    acceptance = stats.acceptance_rate
+    print(
+        f"{PROG}: {stats.generated_tokens} tokens at {stats.tokens_per_second:.1f} tok/s, "
+        f"drafted {stats.total_draft_tokens_count}, accepted "
+        f"{stats.accepted_draft_tokens_count}"
+        + (f" ({acceptance:.0%})" if acceptance is not None else "")
+        + f", {stats.stop_reason}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+async def _serve(api: ApiServer, worker: PairWorker, settings: ServerSettings) -> int:
+    from aiohttp import web
+
+    runner = web.AppRunner(api.app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        print(
+            f"{PROG}: error: cannot listen on {settings.host}:{settings.port}: {error.strerror}",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_SETTINGS
+    print(
+        f"{PROG}: listening on http://{settings.host}:{settings.port}/v1 (loading the models)",
+        file=sys.stderr,
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # Windows
+            loop.add_signal_handler(signum, stop.set)
+    worker.start()
+    try:
+        await stop.wait()
+    finally:
+        print(f"{PROG}: stopping", file=sys.stderr, flush=True)
+        await runner.cleanup()
+        await loop.run_in_executor(None, worker.stop)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``specdeck serve``; returns the exit status."""
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=logging.INFO if args.debug else logging.WARNING, format="%(name)s: %(message)s"
+    )
+    if not args.debug:
+        logging.getLogger("backends.engines.llama.native").setLevel(logging.ERROR)
+    try:
+        method = parse_method(args.method)
+        defaults = _defaults(args)
+        settings = ServerSettings(
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            cors_origins=tuple(args.cors_origin),
+        )
+        main_path, draft_path = _model_paths(args)
+        request = LoadRequest(
+            main_path=str(main_path),
+            draft_path=None if draft_path is None else str(draft_path),
+            engine=args.engine,
+            method=method,
+            n_ctx=args.ctx,
+            gpu_layers=args.gpu_layers,
+            n_threads=args.threads,
+            weight_repacking=args.weight_repacking,
+        )
+    except SpecDeckError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
+
+    def load() -> tuple[LoadedPair, ServedModel, ServedModel | None]:
+        pair = open_pair(request)
+        main_model = served_model(request.main_path, pair.main.name)
+        draft_model = (
+            served_model(request.draft_path, pair.draft.name)
+            if pair.draft is not None and request.draft_path is not None
+            else None
+        )
+        print(
+            f"{PROG}: ready: {pair.main.load_report.placement}"
+            + (f"; draft {pair.draft.load_report.placement}" if pair.draft else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+        return pair, main_model, draft_model
+
+    worker = PairWorker(load, method=method, max_queued=settings.max_queued, on_finished=_report)
+    api = ApiServer(worker, settings, defaults)
+    return asyncio.run(_serve(api, worker, settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
