@@ -193,7 +193,9 @@ def test_a_rename_on_a_real_model_is_lossless_and_takes_fewer_rounds(
         + edit.ignored_draft_tokens_count
     )
     drafted = sum(t.origin is TokenOrigin.DRAFT for t in results["edit-copy"].tokens)
-    assert drafted == edit.accepted_draft_tokens_count
+    # An accepted end-of-generation token counts as accepted but is not emitted.
+    unsent = edit.accepted_draft_tokens_count - drafted
+    assert unsent == 0 or (unsent == 1 and edit.stop_reason == "eos")
     # The answer renames attributes on nearly every line: prompt lookup loses its place
     # at each, edit copy drafts the new names from their second use on.
     assert edit.rounds < 0.75 * lookup.rounds, (edit.rounds, lookup.rounds)

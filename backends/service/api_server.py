@@ -727,9 +727,11 @@ class ApiServer:
                 tail["usage"] = usage(stats)
                 await response.write(_sse(tail))
             await response.write(_sse("[DONE]"))
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:
             job.cancel.set()
             log.info("a client left mid-stream; its generation is cancelled")
+        except asyncio.CancelledError:
+            job.cancel.set()
             raise
         except ApiError as error:
             # Headers are out: say it in the stream, as OpenAI does.
@@ -767,6 +769,7 @@ class PairWorker:
         method: SpeculationMethod,
         max_queued: int = MAX_QUEUED_REQUESTS,
         on_finished: Callable[[ApiJob, SpeculationStats], None] | None = None,
+        on_load_failed: Callable[[str], None] | None = None,
     ) -> None:
         self._load = load
         self._method = method
@@ -780,6 +783,7 @@ class PairWorker:
         self.cancelled = 0  # requests whose client went away first
         self._lock = threading.Lock()
         self._on_finished = on_finished
+        self.on_load_failed = on_load_failed  # told why, once, when loading fails
         self._thread = threading.Thread(target=self._work, name="generation", daemon=True)
 
     def start(self) -> None:
@@ -787,7 +791,9 @@ class PairWorker:
         self._thread.start()
 
     def stop(self) -> None:
-        """Finish the running job's round, then stop and free the models."""
+        """Finish the running job, then stop and free the models."""
+        if not self._thread.is_alive():
+            return
         self._jobs.put(None)
         self._thread.join()
 
@@ -832,8 +838,11 @@ class PairWorker:
         try:
             self._pair, self._main, self._draft = self._load()
         except Exception as error:  # noqa: BLE001 - said in every answer from now on
-            log.exception("loading failed")
+            if not isinstance(error, SpecDeckError):
+                log.exception("loading failed")
             self._problem = f"the models could not be loaded: {error}"
+            if self.on_load_failed is not None:
+                self.on_load_failed(self._problem)
             return
         self._problem = None
         try:

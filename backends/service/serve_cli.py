@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 from backends.engines.interface import DEFAULT_CONTEXT_SIZE
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SpecDeckError
+from backends.models.catalog import read_catalog_model
+from backends.models.compat import check_compatibility
 from backends.service.api_server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 PROG = "specdeck serve"
 API_KEY_ENV = "SPECDECK_API_KEY"
 EXIT_BAD_SETTINGS = 2
+EXIT_LOAD_FAILED = 1
 
 log = logging.getLogger("backends.service.serve")
 
@@ -177,8 +180,9 @@ async def _serve(api: ApiServer, worker: PairWorker, settings: ServerSettings) -
             file=sys.stderr,
         )
         return EXIT_BAD_SETTINGS
+    host, port = runner.addresses[0][:2]
     print(
-        f"{PROG}: listening on http://{settings.host}:{settings.port}/v1 (loading the models)",
+        f"{PROG}: listening on http://{host}:{port}/v1 (loading the models)",
         file=sys.stderr,
         flush=True,
     )
@@ -187,13 +191,24 @@ async def _serve(api: ApiServer, worker: PairWorker, settings: ServerSettings) -
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # Windows
             loop.add_signal_handler(signum, stop.set)
+    failure: list[str] = []
+
+    def load_failed(problem: str) -> None:
+        failure.append(problem)
+        loop.call_soon_threadsafe(stop.set)
+
+    worker.on_load_failed = load_failed
     worker.start()
     try:
         await stop.wait()
     finally:
-        print(f"{PROG}: stopping", file=sys.stderr, flush=True)
+        if not failure:
+            print(f"{PROG}: stopping", file=sys.stderr, flush=True)
         await runner.cleanup()
         await loop.run_in_executor(None, worker.stop)
+    if failure:
+        print(f"{PROG}: error: {failure[0]}", file=sys.stderr)
+        return EXIT_LOAD_FAILED
     return 0
 
 
@@ -215,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             cors_origins=tuple(args.cors_origin),
         )
         main_path, draft_path = _model_paths(args)
+        # Missing, corrupt or mismatched files: said before the port opens.
+        main_info = read_catalog_model(main_path)
+        if draft_path is not None:
+            check_compatibility(main_info, read_catalog_model(draft_path))
         request = LoadRequest(
             main_path=str(main_path),
             draft_path=None if draft_path is None else str(draft_path),
