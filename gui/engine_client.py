@@ -109,6 +109,14 @@ class EngineClient(QObject):
         failed(str, object): a one-line error, and the request id it ends (or None).
         crashed(str, object): the process ended without being asked to; a one-line
             message, and an EngineDeath (the cause, and the load under way if any).
+        serving(bool, str, str): the local API is listening or not; its URL; why it is
+            not when it was asked to (empty otherwise).
+        api_started(int, int, int): an API request began: its id, prompt tokens, requests
+            waiting behind it.
+        api_tokens(int, list, SpeculationStats): one round of an API answer.
+        api_finished(int, list, SpeculationStats): an API answer's last tokens and stats.
+        api_failed(int, str): an API request ended with an error (sent to its client).
+        api_queue(int): API requests waiting or running, after one ended.
     """
 
     ready = Signal(list)
@@ -121,6 +129,12 @@ class EngineClient(QObject):
     compared = Signal(int, object, object)
     failed = Signal(str, object)
     crashed = Signal(str, object)
+    serving = Signal(bool, str, str)
+    api_started = Signal(int, int, int)
+    api_tokens = Signal(int, list, object)
+    api_finished = Signal(int, list, object)
+    api_failed = Signal(int, str)
+    api_queue = Signal(int)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -210,6 +224,15 @@ class EngineClient(QObject):
         self._next_request_id += 1
         return request_id
 
+    def serve(self, port: int, host: str = "127.0.0.1", api_key: str | None = None) -> None:
+        """Open the local API on the loaded pair (``serving`` says how it went)."""
+        self.start()
+        self._send({"type": "serve_start", "host": host, "port": port, "api_key": api_key})
+
+    def stop_serving(self) -> None:
+        """Close the local API."""
+        self._send({"type": "serve_stop"})
+
     def cancel(self) -> None:
         """Stop the running generation (its ``run_finished`` says ``cancelled``)."""
         self._send({"type": "cancel"})
@@ -278,6 +301,21 @@ class EngineClient(QObject):
             )
         elif kind == "unloaded":
             self.unloaded.emit()
+        elif kind == "serving":
+            self.serving.emit(
+                bool(event["listening"]), str(event.get("url") or ""), str(event.get("error") or "")
+            )
+        elif kind == "api_started":
+            self.api_started.emit(event["api_id"], event["prompt_tokens"], event["queued"])
+        elif kind in ("api_tokens", "api_finished"):
+            signal = self.api_tokens if kind == "api_tokens" else self.api_finished
+            signal.emit(
+                event["api_id"], tokens_from_wire(event["tokens"]), stats_from_wire(event["stats"])
+            )
+        elif kind == "api_failed":
+            self.api_failed.emit(event["api_id"], str(event["message"]))
+        elif kind == "api_queue":
+            self.api_queue.emit(int(event["queued"]))
         elif kind == "error":
             if event.get("request_id") is None:
                 self.load_in_flight = None  # a load (or unload) that failed cleanly

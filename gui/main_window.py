@@ -287,6 +287,16 @@ class MainWindow(QMainWindow):
         client.compared.connect(self._on_compared)
         client.failed.connect(self._on_engine_error)
         client.crashed.connect(self._on_engine_crashed)
+        server = self.sidebar.server_panel
+        server.serve_requested.connect(lambda port: self.client.serve(port))
+        server.stop_requested.connect(self.client.stop_serving)
+        client.serving.connect(server.set_serving)
+        client.crashed.connect(lambda *_: server.set_serving(False, "", ""))
+        client.api_started.connect(self._on_api_started)
+        client.api_tokens.connect(self._on_api_tokens)
+        client.api_finished.connect(self._on_api_finished)
+        client.api_failed.connect(lambda _id, message: server.add_failure(message))
+        client.api_queue.connect(server.set_waiting)
 
         self.sidebar.load_requested.connect(self.load_models)
         self.sidebar.unload_requested.connect(self.unload_models)
@@ -590,6 +600,24 @@ class MainWindow(QMainWindow):
             self.compare_view.cancel()
         if not answer.compare or cancelled:
             self._end_answer("cancelled" if cancelled else "complete")
+
+    # -- answers for other programs (the local API) ------------------------------------------
+
+    def _on_api_started(self, _api_id: int, prompt_tokens: int, queued: int) -> None:
+        self.sidebar.server_panel.set_waiting(queued)
+        if self.answer is None:  # the meter follows API answers while the chat is idle
+            method = self.loaded.method if self.loaded is not None else ""
+            self.meter.start(f"{method} · API" if method else "API")
+            self.meter.prompt_started(prompt_tokens)
+
+    def _on_api_tokens(self, _api_id: int, _tokens: object, stats: SpeculationStats) -> None:
+        if self.answer is None:
+            self.meter.update_stats(stats)
+
+    def _on_api_finished(self, _api_id: int, _tokens: object, stats: SpeculationStats) -> None:
+        self.sidebar.server_panel.add_request(stats)
+        if self.answer is None:
+            self.meter.finish(stats)
 
     def _on_compared(self, request_id: int, speedup: object, identical: object) -> None:
         if not self._is_current(request_id):

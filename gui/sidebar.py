@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from backends.errors import SettingsError
+from gui.form_widgets import Section
 from gui.load_panel import LoadPanel
 from gui.models_panel import (
     MLX_UNAVAILABLE_TOOLTIP,
@@ -29,6 +30,7 @@ from gui.models_panel import (
     mlx_available,
     model_card_html,
 )
+from gui.server_panel import ServerPanel
 from gui.settings import (
     DRAFT_CHOICE_NGRAM,
     DRAFT_CHOICE_OFF,
@@ -114,6 +116,8 @@ class Sidebar(QWidget):
         self._load_panel = LoadPanel(content)
         self._load_panel.clicked.connect(self._on_load_clicked)
         layout.addWidget(self._load_panel)
+        self.server_panel = ServerPanel(content)
+        layout.addWidget(Section("Local server", self.server_panel, content))
         self._settings_form = SettingsForm(settings, content)
         self._settings_form.write_failed.connect(self.show_error)
         layout.addWidget(self._settings_form)

@@ -307,3 +307,85 @@ def test_a_crash_while_loading_follows_the_announced_stage(
         if engine.process.poll() is None:
             engine.process.kill()
             engine.process.wait()
+
+
+def test_the_local_api_serves_the_loaded_pair_in_turn_with_the_window(
+    engine_process: EngineProcess, smollm_path: Path
+) -> None:
+    import openai
+
+    from tests.test_api_server import free_port
+
+    port = free_port()
+    engine_process.send({"type": "serve_start", "port": port})
+    serving = engine_process.until("serving")[-1]
+    assert serving["listening"] is True, serving
+    assert serving["url"] == f"http://127.0.0.1:{port}/v1"
+    client = openai.OpenAI(base_url=serving["url"], api_key="-", max_retries=0)
+    # Before a load: the API says what to do, it does not hang.
+    with pytest.raises(openai.APIStatusError, match="no model is loaded") as refused:
+        client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": QUESTION}], max_tokens=8
+        )
+    assert refused.value.status_code == 503
+    engine_process.send(load_command(LoadRequest(str(smollm_path), str(smollm_path))))
+    assert engine_process.until("loaded", "error")[-1]["type"] == "loaded"
+    # A window answer queued first, then an API request: they take turns on the one engine.
+    engine_process.send(_ask(QUESTION, max_tokens=24))
+    answers: dict[str, Any] = {}
+
+    def ask_api() -> None:
+        answers["api"] = client.chat.completions.create(
+            model=smollm_path.stem,
+            messages=[{"role": "user", "content": QUESTION}],
+            max_tokens=24,
+        )
+
+    asking = threading.Thread(target=ask_api)
+    asking.start()
+    events = engine_process.until("api_finished", "api_failed")
+    asking.join(timeout=120)
+    kinds = [e["type"] for e in events]
+    assert kinds.index("finished") < kinds.index("api_started")  # the window's went first
+    assert events[-1]["type"] == "api_finished"
+    api_text = "".join(
+        t.text
+        for e in events
+        if e["type"].startswith("api_") and "tokens" in e
+        for t in tokens_from_wire(e["tokens"])
+    )
+    window_text = "".join(
+        t.text
+        for e in events
+        if e["type"] in ("tokens", "finished")
+        for t in tokens_from_wire(e["tokens"])
+    )
+    answer = answers["api"]
+    assert answer.choices[0].message.content == api_text == window_text  # same pair, greedy
+    stats = stats_from_wire(events[-1]["stats"])
+    assert (answer.model_extra or {})["stats"]["accepted_draft_tokens_count"] == (
+        stats.accepted_draft_tokens_count
+    )
+    engine_process.send({"type": "serve_stop"})
+    stopped = engine_process.until("serving")[-1]
+    assert stopped["listening"] is False
+    with pytest.raises(openai.APIConnectionError):
+        client.models.list()
+    assert engine_process.close() == 0
+
+
+def test_the_local_api_says_when_its_port_is_taken(engine_process: EngineProcess) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        engine_process.send({"type": "serve_start", "port": taken.getsockname()[1]})
+        serving = engine_process.until("serving")[-1]
+    assert serving["listening"] is False
+    assert "cannot listen on 127.0.0.1" in serving["error"]
+    engine_process.send({"type": "serve_start", "host": "0.0.0.0"})
+    error = engine_process.until("error", "serving")[-1]
+    assert error["type"] == "error"
+    assert "give an API key" in error["message"]
+    assert engine_process.close() == 0

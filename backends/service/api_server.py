@@ -35,6 +35,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from aiohttp import web
@@ -53,6 +54,7 @@ from backends.speculation.types import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
+    from backends.service.engine_server import LoadedPair
     from backends.speculation.methods import SpeculationMethod
 
 log = logging.getLogger(__name__)
@@ -157,6 +159,14 @@ class ServedModel:
     def is_named_by(self, text: str) -> bool:
         """Whether a request's ``model`` or ``draft_model`` field means this model."""
         return text in (self.id, self.name, self.path)
+
+    @classmethod
+    def of(cls, path: str, name: str) -> ServedModel:
+        """How the API names a loaded model: its file or folder name without ``.gguf``."""
+        stem = Path(path).name
+        if stem.lower().endswith(".gguf"):
+            stem = stem[: -len(".gguf")]
+        return cls(id=stem, name=name, path=path)
 
 
 # -- jobs: what the HTTP side hands the generating side ----------------------------------
@@ -754,6 +764,42 @@ def job_failed(error: BaseException) -> JobFailed:
     )
 
 
+def run_job(
+    pair: LoadedPair,
+    job: ApiJob,
+    method: SpeculationMethod,
+    observe: Callable[[int, GenerationUpdate], None] | None = None,
+) -> SpeculationStats:
+    """Generate one job on a loaded pair, delivering its events; returns the final stats.
+
+    The prompt is the main model's chat template over the messages (chat completions) or
+    the raw text (completions); one that does not fit the context is an error. ``observe``
+    sees (prompt tokens, update) for every round too (the window's meter, a log).
+    """
+    if job.cancel.is_set():
+        raise ApiError(499, "the client went away before its turn")
+    decoder = pair.decoder(job.method or method, job.settings.p_min)
+    if job.messages is not None:
+        prompt = decoder.prompt_tokens(job.messages)
+    else:
+        assert job.text is not None
+        prompt = pair.main.tokenize(job.text, add_special=True, parse_special=False)
+    n_ctx = pair.main.n_ctx
+    if len(prompt) >= n_ctx:
+        raise ContextOverflowError(
+            f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}; "
+            "shorten it or load the model with a larger context"
+        )
+    job.deliver(JobStarted(len(prompt)))
+    stats = SpeculationStats()
+    for update in decoder.generate(prompt, job.settings, job.cancel):
+        stats = update.stats
+        job.deliver(update)
+        if observe is not None:
+            observe(len(prompt), update)
+    return stats
+
+
 class PairWorker:
     """A :class:`GenerationBackend` that runs jobs one at a time on its own thread.
 
@@ -861,29 +907,69 @@ class PairWorker:
             self._pair.close()
 
     def _run(self, job: ApiJob) -> None:
-        pair = self._pair
-        if job.cancel.is_set():
-            raise ApiError(499, "the client went away before its turn")
-        decoder = pair.decoder(job.method or self._method, job.settings.p_min)
-        if job.messages is not None:
-            prompt = decoder.prompt_tokens(job.messages)
-        else:
-            assert job.text is not None
-            prompt = pair.main.tokenize(job.text, add_special=True, parse_special=False)
-        n_ctx = pair.main.n_ctx
-        if len(prompt) >= n_ctx:
-            raise ContextOverflowError(
-                f"the prompt is {len(prompt)} tokens but the context holds {n_ctx}; "
-                "shorten it or load the model with a larger context"
-            )
-        job.deliver(JobStarted(len(prompt)))
-        stats = SpeculationStats()
-        for update in decoder.generate(prompt, job.settings, job.cancel):
-            stats = update.stats
-            job.deliver(update)
+        stats = run_job(self._pair, job, self._method)
         if stats.stop_reason == "cancelled":
             self.cancelled += 1
         else:
             self.served += 1
         if self._on_finished is not None:
             self._on_finished(job, stats)
+
+
+class ApiHost:
+    """An :class:`ApiServer` listening from a thread and event loop of its own.
+
+    For a process whose main thread is busy generating (the engine process): ``start``
+    returns once the port is open (or raises OSError saying why it is not), ``stop`` closes
+    it and waits for the thread.
+    """
+
+    def __init__(self, api: ApiServer) -> None:
+        self.api = api
+        self.url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> str:
+        """Open the port; returns the API's base URL (``http://host:port/v1``)."""
+        loop = asyncio.new_event_loop()
+        opened = threading.Event()
+        outcome: dict[str, Any] = {}
+        settings = self.api.settings
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            runner = web.AppRunner(self.api.app, access_log=None, handle_signals=False)
+            loop.run_until_complete(runner.setup())
+            try:
+                loop.run_until_complete(web.TCPSite(runner, settings.host, settings.port).start())
+            except OSError as error:
+                outcome["error"] = error
+            else:
+                host, port = runner.addresses[0][:2]
+                outcome["url"] = f"http://{host}:{port}/v1"
+            opened.set()
+            if "url" in outcome:
+                loop.run_forever()
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+        thread = threading.Thread(target=serve, name="api", daemon=True)
+        thread.start()
+        opened.wait()
+        if "error" in outcome:
+            thread.join()
+            error: OSError = outcome["error"]
+            raise OSError(
+                error.errno, f"cannot listen on {settings.host}:{settings.port}: {error.strerror}"
+            )
+        self._loop, self._thread, self.url = loop, thread, str(outcome["url"])
+        return self.url
+
+    def stop(self) -> None:
+        """Close the port (requests in flight end) and wait for the thread."""
+        if self._loop is None or self._thread is None:
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop = self._thread = None

@@ -11,6 +11,11 @@ so it can never corrupt the protocol.
 Events: ``ready``, ``load_stage`` (a risky step of a load begins: if the process dies
 now, the window knows where), ``load_progress``, ``loaded``, ``unloaded``, ``started``,
 ``tokens`` (one per round, with the stats so far), ``finished``, ``compared``, ``error``.
+
+The local API (``serve_start`` / ``serve_stop``; event ``serving``) listens from a thread
+of its own on the loaded pair: each request becomes a command in the same queue as the
+window's, so it waits its turn on the one engine, and the window hears of it as it runs
+(``api_started``, ``api_tokens``, ``api_finished``, ``api_failed``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,18 @@ from backends.engines.selection import installed_engines, open_engine
 from backends.errors import ContextOverflowError, SettingsError, SpecDeckError
 from backends.models.catalog import read_catalog_model
 from backends.models.compat import check_compatibility
+from backends.service.api_server import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    MAX_QUEUED_REQUESTS,
+    ApiError,
+    ApiHost,
+    ApiServer,
+    ServedModel,
+    ServerSettings,
+    job_failed,
+    run_job,
+)
 from backends.service.protocol import (
     GenerateRequest,
     LoadRequest,
@@ -54,9 +71,10 @@ if TYPE_CHECKING:
     from backends.engines.hardware import ComputeDevice
     from backends.engines.interface import ModelEngine
     from backends.models.gguf_info import ModelFormat
+    from backends.service.api_server import ApiJob
     from backends.service.protocol import EngineKind
     from backends.speculation.methods import SpeculationMethod
-    from backends.speculation.types import EmittedToken, SpeculationStats
+    from backends.speculation.types import EmittedToken, GenerationUpdate, SpeculationStats
 
 log = logging.getLogger("backends.service.engine_server")
 
@@ -185,6 +203,10 @@ class EngineServer:
         self._commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._cancel = threading.Event()
         self._pair: LoadedPair | None = None
+        self._loading = False
+        self._api: ApiHost | None = None
+        self._api_backend = _EngineBackend(self)
+        self._next_api_id = 1
         add_stage_listener(self._on_load_stage)
 
     def _on_load_stage(self, stage: str, model: str) -> None:
@@ -239,14 +261,23 @@ class EngineServer:
                     break
                 self._run(command)
         finally:
+            self._stop_serving()
             self._unload()
 
     def _run(self, command: dict[str, Any]) -> None:
         kind = command["type"]
+        if kind == "api_job":
+            self._api_job(command["job"])
+            return
         request_id = command.get("request_id")
         try:
             if kind == "load":
                 self._load(parse_load(command))
+            elif kind == "serve_start":
+                self._start_serving(command)
+            elif kind == "serve_stop":
+                self._stop_serving()
+                self.emit("serving", listening=False, url=None, error=None)
             elif kind == "unload":
                 self._unload()
                 self.emit("unloaded")
@@ -279,7 +310,11 @@ class EngineServer:
                 last_sent, last_message = now, message
                 self.emit("load_progress", fraction=round(fraction, 4), message=message)
 
-        pair = open_pair(request, progress)
+        self._loading = True
+        try:
+            pair = open_pair(request, progress)
+        finally:
+            self._loading = False
         self._pair = pair
         main, draft = pair.main, pair.draft
         self.emit(
@@ -293,6 +328,73 @@ class EngineServer:
             # Everything the user waited for: both models, probes and the auto calibration.
             seconds=time.perf_counter() - started,
         )
+
+    # -- the local API ------------------------------------------------------------------------
+
+    def _start_serving(self, command: dict[str, Any]) -> None:
+        """Open the OpenAI-compatible API on the loaded pair (``serving`` says how it went)."""
+        self._stop_serving()
+        settings = ServerSettings(
+            host=str(command.get("host", DEFAULT_HOST)),
+            port=int(command.get("port", DEFAULT_PORT)),
+            api_key=command.get("api_key") or None,
+        )
+        host = ApiHost(ApiServer(self._api_backend, settings))
+        try:
+            url = host.start()
+        except OSError as error:
+            self.emit("serving", listening=False, url=None, error=error.strerror or str(error))
+            return
+        self._api = host
+        self.emit("serving", listening=True, url=url, error=None)
+
+    def _stop_serving(self) -> None:
+        if self._api is not None:
+            self._api.stop()
+            self._api = None
+
+    def queue_api_job(self, job: ApiJob) -> None:
+        """From the API's thread: the job waits its turn with the window's commands."""
+        self._commands.put({"type": "api_job", "job": job})
+
+    def _api_job(self, job: ApiJob) -> None:
+        """Answer an API request on the loaded pair; the window hears of it as it runs."""
+        api_id, self._next_api_id = self._next_api_id, self._next_api_id + 1
+        started = False
+
+        def observe(prompt_tokens: int, update: GenerationUpdate) -> None:
+            nonlocal started
+            if not started:
+                started = True
+                self.emit(
+                    "api_started",
+                    api_id=api_id,
+                    prompt_tokens=prompt_tokens,
+                    queued=self._api_backend.queued,
+                )
+            kind = "api_finished" if update.finished else "api_tokens"
+            self.emit(
+                kind,
+                api_id=api_id,
+                tokens=tokens_to_wire(update.tokens),
+                stats=stats_to_wire(update.stats),
+            )
+
+        try:
+            pair = self._pair
+            if pair is None:
+                raise ApiError(503, NO_MODEL_FOR_API, error_type="server_error")
+            stats = run_job(pair, job, pair.request.method, observe)
+            self._api_backend.count(stats)
+        except BaseException as error:  # noqa: BLE001 - the client gets its error; we go on
+            if not isinstance(error, SpecDeckError | ApiError):
+                log.exception("an API request failed")
+            failure = job_failed(error)
+            job.deliver(failure)
+            self.emit("api_failed", api_id=api_id, message=failure.error.message)
+        finally:
+            self._api_backend.done()
+            self.emit("api_queue", queued=self._api_backend.queued)
 
     def _unload(self) -> None:
         if self._pair is not None:
@@ -369,6 +471,85 @@ class EngineServer:
             stats=stats_to_wire(stats),
         )
         return GenerationResult(tuple(tokens), stats)
+
+
+NO_MODEL_FOR_API = "no model is loaded; load one in SpecDeck's window first"
+
+
+class _EngineBackend:
+    """The API's view of the engine process: its loaded pair, its one command queue."""
+
+    def __init__(self, server: EngineServer) -> None:
+        self._server = server
+        self._lock = threading.Lock()
+        self._queued = 0
+        self.served = 0
+        self.cancelled = 0
+
+    def _model(self, which: str) -> ServedModel | None:
+        pair = self._server._pair
+        if pair is None:
+            return None
+        engine = pair.main if which == "main" else pair.draft
+        path = pair.request.main_path if which == "main" else pair.request.draft_path
+        if engine is None or path is None:
+            return None
+        return ServedModel.of(path, engine.name)
+
+    @property
+    def main(self) -> ServedModel | None:
+        return self._model("main")
+
+    @property
+    def draft(self) -> ServedModel | None:
+        return self._model("draft")
+
+    @property
+    def n_ctx(self) -> int:
+        pair = self._server._pair
+        return pair.main.n_ctx if pair is not None else 0
+
+    @property
+    def method(self) -> SpeculationMethod:
+        pair = self._server._pair
+        return pair.request.method if pair is not None else "auto"
+
+    @property
+    def queued(self) -> int:
+        with self._lock:
+            return self._queued
+
+    @property
+    def unavailable(self) -> str | None:
+        if self._server._loading:
+            return "the models are loading"
+        if self._server._pair is None:
+            return NO_MODEL_FOR_API
+        return None
+
+    def submit(self, job: ApiJob) -> None:
+        problem = self.unavailable
+        if problem is not None:
+            raise ApiError(503, problem, error_type="server_error")
+        with self._lock:
+            if self._queued >= MAX_QUEUED_REQUESTS:
+                raise ApiError(
+                    429,
+                    "too many requests are waiting; try again shortly",
+                    error_type="server_error",
+                )
+            self._queued += 1
+        self._server.queue_api_job(job)
+
+    def count(self, stats: SpeculationStats) -> None:
+        if stats.stop_reason == "cancelled":
+            self.cancelled += 1
+        else:
+            self.served += 1
+
+    def done(self) -> None:
+        with self._lock:
+            self._queued -= 1
 
 
 def _gpus(request: LoadRequest) -> tuple[ComputeDevice, ...]:

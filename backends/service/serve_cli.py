@@ -144,14 +144,6 @@ def _model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
     return main, draft
 
 
-def served_model(path: str, name: str) -> ServedModel:
-    """How the API names a loaded model: its file or folder name without ``.gguf``."""
-    stem = Path(path).name
-    if stem.lower().endswith(".gguf"):
-        stem = stem[: -len(".gguf")]
-    return ServedModel(id=stem, name=name, path=path)
-
-
 def _report(job: ApiJob, stats: SpeculationStats) -> None:
     acceptance = stats.acceptance_rate
     print(
@@ -250,9 +242,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def load() -> tuple[LoadedPair, ServedModel, ServedModel | None]:
         pair = open_pair(request)
-        main_model = served_model(request.main_path, pair.main.name)
+        main_model = ServedModel.of(request.main_path, pair.main.name)
         draft_model = (
-            served_model(request.draft_path, pair.draft.name)
+            ServedModel.of(request.draft_path, pair.draft.name)
             if pair.draft is not None and request.draft_path is not None
             else None
         )
