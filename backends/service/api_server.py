@@ -764,6 +764,37 @@ def job_failed(error: BaseException) -> JobFailed:
     )
 
 
+class RequestCounts:
+    """A backend's requests: how many wait or run (bounded), and how those that ran ended."""
+
+    def __init__(self, limit: int = MAX_QUEUED_REQUESTS) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self.queued = 0
+        self.served = 0  # answered to the end
+        self.cancelled = 0  # their client went away first
+
+    def admit(self) -> None:
+        """Count a new request in; ApiError 429 when the queue is full."""
+        with self._lock:
+            if self.queued >= self.limit:
+                raise ApiError(
+                    429,
+                    "too many requests are waiting; try again shortly",
+                    error_type="server_error",
+                )
+            self.queued += 1
+
+    def finished(self, stats: SpeculationStats | None) -> None:
+        """A request left the queue: answered (its final stats) or failed (None)."""
+        with self._lock:
+            self.queued -= 1
+            if stats is not None and stats.stop_reason == "cancelled":
+                self.cancelled += 1
+            elif stats is not None:
+                self.served += 1
+
+
 def run_job(
     pair: LoadedPair,
     job: ApiJob,
@@ -819,15 +850,12 @@ class PairWorker:
     ) -> None:
         self._load = load
         self._method = method
-        self._jobs: queue.Queue[ApiJob | None] = queue.Queue(maxsize=max_queued)
+        self._jobs: queue.Queue[ApiJob | None] = queue.Queue()
+        self.counts = RequestCounts(max_queued)
         self._pair: Any = None
         self._main: ServedModel | None = None
         self._draft: ServedModel | None = None
         self._problem: str | None = "the models are still loading"
-        self._queued = 0
-        self.served = 0  # requests answered to the end
-        self.cancelled = 0  # requests whose client went away first
-        self._lock = threading.Lock()
         self._on_finished = on_finished
         self.on_load_failed = on_load_failed  # told why, once, when loading fails
         self._thread = threading.Thread(target=self._work, name="generation", daemon=True)
@@ -861,8 +889,15 @@ class PairWorker:
 
     @property
     def queued(self) -> int:
-        with self._lock:
-            return self._queued
+        return self.counts.queued
+
+    @property
+    def served(self) -> int:
+        return self.counts.served
+
+    @property
+    def cancelled(self) -> int:
+        return self.counts.cancelled
 
     @property
     def unavailable(self) -> str | None:
@@ -871,14 +906,8 @@ class PairWorker:
     def submit(self, job: ApiJob) -> None:
         if self._problem is not None:
             raise ApiError(503, self._problem, error_type="server_error")
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:
-            raise ApiError(
-                429, "too many requests are waiting; try again shortly", error_type="server_error"
-            ) from None
-        with self._lock:
-            self._queued += 1
+        self.counts.admit()
+        self._jobs.put(job)
 
     def _work(self) -> None:
         try:
@@ -893,27 +922,20 @@ class PairWorker:
         self._problem = None
         try:
             while (job := self._jobs.get()) is not None:
+                stats: SpeculationStats | None = None
                 try:
-                    self._run(job)
+                    stats = run_job(self._pair, job, self._method)
+                    if self._on_finished is not None:
+                        self._on_finished(job, stats)
                 except BaseException as error:  # noqa: BLE001 - the next job must run
                     if not isinstance(error, SpecDeckError | ApiError):
                         log.exception("a request failed")
                     job.deliver(job_failed(error))
                 finally:
-                    with self._lock:
-                        self._queued -= 1
+                    self.counts.finished(stats)
         finally:
             self._problem = "the server is stopping"
             self._pair.close()
-
-    def _run(self, job: ApiJob) -> None:
-        stats = run_job(self._pair, job, self._method)
-        if stats.stop_reason == "cancelled":
-            self.cancelled += 1
-        else:
-            self.served += 1
-        if self._on_finished is not None:
-            self._on_finished(job, stats)
 
 
 class ApiHost:

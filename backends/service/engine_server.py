@@ -42,10 +42,10 @@ from backends.models.compat import check_compatibility
 from backends.service.api_server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
-    MAX_QUEUED_REQUESTS,
     ApiError,
     ApiHost,
     ApiServer,
+    RequestCounts,
     ServedModel,
     ServerSettings,
     job_failed,
@@ -380,12 +380,12 @@ class EngineServer:
                 stats=stats_to_wire(update.stats),
             )
 
+        stats: SpeculationStats | None = None
         try:
             pair = self._pair
             if pair is None:
                 raise ApiError(503, NO_MODEL_FOR_API, error_type="server_error")
             stats = run_job(pair, job, pair.request.method, observe)
-            self._api_backend.count(stats)
         except BaseException as error:  # noqa: BLE001 - the client gets its error; we go on
             if not isinstance(error, SpecDeckError | ApiError):
                 log.exception("an API request failed")
@@ -393,7 +393,7 @@ class EngineServer:
             job.deliver(failure)
             self.emit("api_failed", api_id=api_id, message=failure.error.message)
         finally:
-            self._api_backend.done()
+            self._api_backend.counts.finished(stats)
             self.emit("api_queue", queued=self._api_backend.queued)
 
     def _unload(self) -> None:
@@ -481,10 +481,7 @@ class _EngineBackend:
 
     def __init__(self, server: EngineServer) -> None:
         self._server = server
-        self._lock = threading.Lock()
-        self._queued = 0
-        self.served = 0
-        self.cancelled = 0
+        self.counts = RequestCounts()
 
     def _model(self, which: str) -> ServedModel | None:
         pair = self._server._pair
@@ -516,8 +513,15 @@ class _EngineBackend:
 
     @property
     def queued(self) -> int:
-        with self._lock:
-            return self._queued
+        return self.counts.queued
+
+    @property
+    def served(self) -> int:
+        return self.counts.served
+
+    @property
+    def cancelled(self) -> int:
+        return self.counts.cancelled
 
     @property
     def unavailable(self) -> str | None:
@@ -531,25 +535,8 @@ class _EngineBackend:
         problem = self.unavailable
         if problem is not None:
             raise ApiError(503, problem, error_type="server_error")
-        with self._lock:
-            if self._queued >= MAX_QUEUED_REQUESTS:
-                raise ApiError(
-                    429,
-                    "too many requests are waiting; try again shortly",
-                    error_type="server_error",
-                )
-            self._queued += 1
+        self.counts.admit()
         self._server.queue_api_job(job)
-
-    def count(self, stats: SpeculationStats) -> None:
-        if stats.stop_reason == "cancelled":
-            self.cancelled += 1
-        else:
-            self.served += 1
-
-    def done(self) -> None:
-        with self._lock:
-            self._queued -= 1
 
 
 def _gpus(request: LoadRequest) -> tuple[ComputeDevice, ...]:
