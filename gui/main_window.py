@@ -288,7 +288,8 @@ class MainWindow(QMainWindow):
         client.failed.connect(self._on_engine_error)
         client.crashed.connect(self._on_engine_crashed)
         server = self.sidebar.server_panel
-        server.serve_requested.connect(lambda port: self.client.serve(port))
+        server.port.setValue(self.settings.get_int("server_port"))
+        server.serve_requested.connect(self._serve)
         server.stop_requested.connect(self.client.stop_serving)
         client.serving.connect(server.set_serving)
         client.crashed.connect(lambda *_: server.set_serving(False, "", ""))
@@ -602,6 +603,10 @@ class MainWindow(QMainWindow):
             self._end_answer("cancelled" if cancelled else "complete")
 
     # -- answers for other programs (the local API) ------------------------------------------
+
+    def _serve(self, port: int) -> None:
+        self.settings.set("server_port", port)
+        self.client.serve(port)
 
     def _on_api_started(self, _api_id: int, prompt_tokens: int, queued: int) -> None:
         self.sidebar.server_panel.set_waiting(queued)

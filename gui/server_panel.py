@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QListWidget, QVBoxLayout, QWidget
 
-from backends.service.api_server import DEFAULT_PORT
+from backends.service.protocol import DEFAULT_API_PORT
 from gui.form_widgets import ROW_SPACING, CalmSpinBox, caption, muted_label
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class ServerPanel(QWidget):
         self.port = CalmSpinBox()
         self.port.setObjectName("serverPort")
         self.port.setRange(1024, 65535)
-        self.port.setValue(DEFAULT_PORT)
+        self.port.setValue(DEFAULT_API_PORT)
         self.port.setToolTip(PORT_TOOLTIP)
         row.addWidget(self.port, 1)
         layout.addLayout(row)

@@ -19,7 +19,7 @@ from backends.engines.interface import DEFAULT_CONTEXT_SIZE
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SettingsError
 from backends.paths import user_data_dir
-from backends.service.protocol import ENGINE_KINDS, LoadRequest
+from backends.service.protocol import DEFAULT_API_PORT, ENGINE_KINDS, LoadRequest
 from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
 from backends.speculation.sampling import SamplingSettings
 from backends.speculation.types import (
@@ -368,6 +368,16 @@ SETTINGS: tuple[SettingSpec, ...] = (
         title="Last main model",
         tooltip="The main model picked last, selected again at start.",
         group="state",
+    ),
+    SettingSpec(
+        key="server_port",
+        kind=int,
+        default=DEFAULT_API_PORT,
+        title="Local server port",
+        tooltip="The port the Local server listened on last (http://127.0.0.1:PORT/v1).",
+        group="state",
+        minimum=1024,
+        maximum=65535,
     ),
     SettingSpec(
         key="last_draft_choice",

@@ -42,6 +42,7 @@ from aiohttp import web
 
 from backends.engines.interface import ChatMessage
 from backends.errors import ContextOverflowError, SettingsError, SpecDeckError
+from backends.service.protocol import DEFAULT_API_HOST, DEFAULT_API_PORT
 from backends.speculation.methods import METHODS, parse_method
 from backends.speculation.sampling import SamplingSettings
 from backends.speculation.types import (
@@ -54,13 +55,13 @@ from backends.speculation.types import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-    from backends.service.engine_server import LoadedPair
+    from backends.service.loaded_pair import LoadedPair
     from backends.speculation.methods import SpeculationMethod
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8765
+DEFAULT_HOST = DEFAULT_API_HOST
+DEFAULT_PORT = DEFAULT_API_PORT
 MAX_BODY_BYTES = 1 << 20
 MAX_QUEUED_REQUESTS = 16
 MAX_STOP_STRINGS = 4  # as OpenAI allows

@@ -27,18 +27,13 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from backends.engines.hardware import available_memory, estimate_pair_memory
 from backends.engines.interface import common_prefix_length
-from backends.engines.load_guard import SAFEST, add_stage_listener, checkpoint
-from backends.engines.selection import installed_engines, open_engine
+from backends.engines.load_guard import add_stage_listener
+from backends.engines.selection import installed_engines
 from backends.errors import ContextOverflowError, SettingsError, SpecDeckError
-from backends.models.catalog import read_catalog_model
-from backends.models.compat import check_compatibility
 from backends.service.api_server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -51,6 +46,7 @@ from backends.service.api_server import (
     job_failed,
     run_job,
 )
+from backends.service.loaded_pair import LoadedPair, open_pair
 from backends.service.protocol import (
     GenerateRequest,
     LoadRequest,
@@ -63,135 +59,17 @@ from backends.service.protocol import (
     tokens_to_wire,
 )
 from backends.speculation.loop import SpeculativeDecoder
-from backends.speculation.methods import build_decoder
-from backends.speculation.planner import CostCache
-from backends.speculation.types import DEFAULT_P_MIN, GenerationResult
+from backends.speculation.types import GenerationResult
 
 if TYPE_CHECKING:
     from backends.engines.hardware import ComputeDevice
-    from backends.engines.interface import ModelEngine
-    from backends.models.gguf_info import ModelFormat
     from backends.service.api_server import ApiJob
-    from backends.service.protocol import EngineKind
     from backends.speculation.methods import SpeculationMethod
     from backends.speculation.types import EmittedToken, GenerationUpdate, SpeculationStats
 
 log = logging.getLogger("backends.service.engine_server")
 
 PROGRESS_EVENT_INTERVAL = 0.1  # seconds between load_progress events
-# Loading beyond what is available is refused only when clearly hopeless: the OS can page
-# out other programs, and the estimate is an estimate.
-MEMORY_REFUSAL_FACTOR = 1.5
-_FORMAT_OF_ENGINE: dict[EngineKind, ModelFormat] = {"llama.cpp": "gguf", "mlx": "mlx"}
-_FORMAT_NAMES: dict[ModelFormat, str] = {"gguf": "a GGUF", "mlx": "an MLX"}
-
-
-@dataclass
-class LoadedPair:
-    """The models in memory and the decoders built on them."""
-
-    request: LoadRequest
-    main: ModelEngine
-    draft: ModelEngine | None
-    costs: CostCache = field(default_factory=CostCache)
-    decoders: dict[tuple[SpeculationMethod, float], SpeculativeDecoder] = field(
-        default_factory=dict
-    )
-
-    def decoder(self, method: SpeculationMethod, p_min: float) -> SpeculativeDecoder:
-        """The decoder for a method, kept so that what its planner learned carries over.
-
-        ``auto`` adapts what and how much to draft every round; a forced method drafts the
-        full length every round, as LM Studio and llama.cpp do.
-        """
-        key = (method, p_min)
-        decoder = self.decoders.get(key)
-        if decoder is None:
-            decoder = build_decoder(
-                method,
-                self.main,
-                self.draft,
-                adaptive=method == "auto",
-                p_min=p_min,
-                cost_cache=self.costs,
-            )
-            self.decoders[key] = decoder
-        return decoder
-
-    def close(self) -> None:
-        if self.draft is not None:
-            self.draft.close()
-        self.main.close()
-
-
-LoadProgressReport = Callable[[float, str], None]  # (fraction 0..1, what is being done)
-
-
-def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) -> LoadedPair:
-    """Check and load the pair a request names; calibrate auto's planner on it.
-
-    Raises a one-line SpecDeckError for a wrong model format, an incompatible pair or a
-    pair far bigger than the free memory. ``progress`` hears of both loads (0..0.9) and of
-    the calibration (0.92).
-    """
-    main_info = read_catalog_model(request.main_path)
-    draft_info = read_catalog_model(request.draft_path) if request.draft_path else None
-    for info in (main_info, draft_info):
-        if info is not None and info.format != _FORMAT_OF_ENGINE[request.engine]:
-            wanted = _FORMAT_OF_ENGINE[request.engine]
-            raise SettingsError(
-                f"{info.path.name} is {_FORMAT_NAMES[info.format]} model; the "
-                f"{request.engine} engine reads {wanted.upper()} models"
-            )
-    if draft_info is not None:
-        check_compatibility(main_info, draft_info)
-    needed = estimate_pair_memory(main_info, draft_info, request.n_ctx)
-    free = available_memory()
-    if needed > free * MEMORY_REFUSAL_FACTOR:
-        raise SpecDeckError(
-            f"not enough memory: the models need about {needed / 2**30:.1f} GB, "
-            f"{free / 2**30:.1f} GB is available; choose smaller models or a smaller context"
-        )
-    main_share = main_info.file_size / (
-        main_info.file_size + (draft_info.file_size if draft_info else 0)
-    )
-
-    def part(start: float, share: float, what: str) -> Callable[[float], None] | None:
-        if progress is None:
-            return None
-        report = progress
-        return lambda fraction: report(0.9 * (start + share * fraction), what)
-
-    main = open_engine(
-        request.engine,
-        Path(request.main_path),
-        n_ctx=request.n_ctx,
-        settings=request.risky,
-        progress=part(0.0, main_share, f"loading {main_info.name}"),
-    )
-    draft: ModelEngine | None = None
-    try:
-        if draft_info is not None and request.draft_path is not None:
-            draft = open_engine(
-                request.engine,
-                Path(request.draft_path),
-                n_ctx=request.n_ctx,
-                settings=request.risky,
-                is_draft=True,
-                progress=part(main_share, 1.0 - main_share, f"loading {draft_info.name}"),
-            )
-        pair = LoadedPair(request, main, draft)
-        if request.method == "auto":
-            if progress is not None:
-                progress(0.92, "measuring batch costs")
-            checkpoint("calibration", request.main_path, safe=request.risky == SAFEST)
-            pair.decoder(request.method, DEFAULT_P_MIN).prepare()
-    except BaseException:
-        if draft is not None:
-            draft.close()
-        main.close()
-        raise
-    return pair
 
 
 class EngineServer:

@@ -30,6 +30,9 @@ ENGINE_KINDS: tuple[EngineKind, ...] = ("llama.cpp", "mlx")
 RunKind = Literal["speculative", "plain"]  # plain = the main model alone, for comparison
 
 DEFAULT_CONTEXT = DEFAULT_CONTEXT_SIZE
+# Where the local API listens unless told otherwise (``serve_start``, ``specdeck serve``).
+DEFAULT_API_HOST = "127.0.0.1"
+DEFAULT_API_PORT = 8765
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from backends.service.api_server import (
     ServedModel,
     ServerSettings,
 )
-from backends.service.engine_server import LoadedPair, open_pair
+from backends.service.loaded_pair import LoadedPair, open_pair
 from backends.service.protocol import ENGINE_KINDS, LoadRequest
 from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
 from backends.speculation.sampling import SamplingSettings

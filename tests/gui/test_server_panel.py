@@ -81,6 +81,7 @@ def test_the_window_serves_its_loaded_pair_and_the_meter_follows(
         panel.switch.setChecked(True)
     assert serving.args[0] is True, serving.args
     assert panel.status.text() == f"Listening on http://127.0.0.1:{port}/v1"
+    assert window.settings.get_int("server_port") == port  # offered again next start
     answers: dict[str, Any] = {}
 
     def ask() -> None:
