@@ -230,23 +230,13 @@ class GenerationBackend(Protocol):
         ...
 
     @property
-    def queued(self) -> int:
-        """Requests waiting or running."""
+    def counts(self) -> RequestCounts:
+        """Requests waiting or running, and how those that ran ended."""
         ...
 
     @property
     def unavailable(self) -> str | None:
         """Why no request can run now (loading, failed), or None."""
-        ...
-
-    @property
-    def served(self) -> int:
-        """Requests answered to the end so far."""
-        ...
-
-    @property
-    def cancelled(self) -> int:
-        """Requests cancelled because their client went away."""
         ...
 
     def submit(self, job: ApiJob) -> None:
@@ -628,9 +618,9 @@ class ApiServer:
         status = {
             "method": backend.method,
             "methods": list(METHODS),
-            "queued": backend.queued,
-            "served": backend.served,
-            "cancelled": backend.cancelled,
+            "queued": backend.counts.queued,
+            "served": backend.counts.served,
+            "cancelled": backend.counts.cancelled,
             "n_ctx": backend.n_ctx,
             "unavailable": backend.unavailable,
         }
@@ -887,18 +877,6 @@ class PairWorker:
     @property
     def method(self) -> SpeculationMethod:
         return self._method
-
-    @property
-    def queued(self) -> int:
-        return self.counts.queued
-
-    @property
-    def served(self) -> int:
-        return self.counts.served
-
-    @property
-    def cancelled(self) -> int:
-        return self.counts.cancelled
 
     @property
     def unavailable(self) -> str | None:

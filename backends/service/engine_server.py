@@ -248,7 +248,7 @@ class EngineServer:
                     "api_started",
                     api_id=api_id,
                     prompt_tokens=prompt_tokens,
-                    queued=self._api_backend.queued,
+                    queued=self._api_backend.counts.queued,
                 )
             kind = "api_finished" if update.finished else "api_tokens"
             self.emit(
@@ -272,7 +272,7 @@ class EngineServer:
             self.emit("api_failed", api_id=api_id, message=failure.error.message)
         finally:
             self._api_backend.counts.finished(stats)
-            self.emit("api_queue", queued=self._api_backend.queued)
+            self.emit("api_queue", queued=self._api_backend.counts.queued)
 
     def _unload(self) -> None:
         if self._pair is not None:
@@ -388,18 +388,6 @@ class _EngineBackend:
     def method(self) -> SpeculationMethod:
         pair = self._server._pair
         return pair.request.method if pair is not None else "auto"
-
-    @property
-    def queued(self) -> int:
-        return self.counts.queued
-
-    @property
-    def served(self) -> int:
-        return self.counts.served
-
-    @property
-    def cancelled(self) -> int:
-        return self.counts.cancelled
 
     @property
     def unavailable(self) -> str | None:
