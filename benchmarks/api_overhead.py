@@ -19,6 +19,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -29,7 +30,7 @@ import openai
 from backends.engines.hardware import physical_cores
 from backends.engines.weight_placement import cpu_model_name
 from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, model_path
-from benchmarks.vs_llama_cpp import PROMPTS
+from benchmarks.vs_llama_cpp import PROMPTS, PeerPrompt, run_specdeck
 
 SPECDECK = Path(sys.executable).with_name("specdeck")
 
@@ -55,28 +56,10 @@ def _wait_ready(port: int, server: subprocess.Popen[bytes], timeout: float = 600
     raise RuntimeError("specdeck serve did not get ready")
 
 
-def bench_run(args: argparse.Namespace, prompt: str) -> dict[str, Any]:
-    """``specdeck-bench``'s speculative (auto) run of the prompt."""
-    command = [
-        sys.executable,
-        "-m",
-        "backends.service.bench",
-        "--json",
-        "--main",
-        str(args.main),
-        "--draft",
-        str(args.draft),
-        "--prompt",
-        prompt,
-        "--max-tokens",
-        str(args.max_tokens),
-        "--threads",
-        str(args.threads),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(f"specdeck-bench failed: {done.stderr.strip()[-300:]}")
-    speculative: dict[str, Any] = json.loads(done.stdout)["speculative"]
+def bench_run(args: argparse.Namespace, prompt: PeerPrompt) -> dict[str, Any]:
+    """``specdeck-bench``'s speculative (auto) run of the prompt (the peer benchmark's call)."""
+    with tempfile.TemporaryDirectory(prefix="specdeck-api-bench-") as folder:
+        speculative: dict[str, Any] = run_specdeck(prompt, Path(folder), args)["speculative"]
     return {"tok_s": speculative["tokens_per_second"], "text": speculative["text"]}
 
 
@@ -140,18 +123,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=physical_cores())
+    parser.add_argument("--ctx", type=int, default=4096)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.main = args.main or model_path(DEFAULT_MAIN_KEY)
     args.draft = args.draft or model_path(DEFAULT_DRAFT_KEY)
-    prompts = {p.key: p.text for p in PROMPTS}
+    prompts = {p.key: p for p in PROMPTS}
     if args.prompt not in prompts:
         parser.error(f"unknown prompt {args.prompt} (known: {', '.join(prompts)})")
     prompt = prompts[args.prompt]
     rounds = []
     for number in range(args.rounds):
         print(f"round {number + 1}", file=sys.stderr, flush=True)
-        rounds.append({"bench": bench_run(args, prompt), "api": served_run(args, prompt)})
+        rounds.append({"bench": bench_run(args, prompt), "api": served_run(args, prompt.text)})
     bench = statistics.median(r["bench"]["tok_s"] for r in rounds)
     api = statistics.median(r["api"]["tok_s"] for r in rounds)
     identical = all(r["bench"]["text"] == r["api"]["text"] for r in rounds)

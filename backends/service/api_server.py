@@ -518,9 +518,9 @@ class _Answer:
         if self.parsed.endpoint == "completion":
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         if chunk:
-            delta: dict[str, Any] = {"content": text} if text or not first else {}
+            delta: dict[str, Any] = {"content": text}
             if first:
-                delta = {"role": "assistant", "content": text}
+                delta["role"] = "assistant"
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         message = {"role": "assistant", "content": text}
         return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
@@ -547,8 +547,10 @@ class ApiServer:
         self.settings = settings or ServerSettings()
         self.defaults = defaults or GenerationSettings()
         self.app = web.Application(
-            client_max_size=MAX_BODY_BYTES, middlewares=[self._errors, self._auth, self._cors]
+            client_max_size=MAX_BODY_BYTES, middlewares=[self._errors, self._auth]
         )
+        # Before any response's headers go out, streamed ones included.
+        self.app.on_response_prepare.append(self._add_cors_headers)
         self.app.router.add_get("/v1/models", self._models)
         self.app.router.add_post("/v1/chat/completions", self._chat)
         self.app.router.add_post("/v1/completions", self._completion)
@@ -585,19 +587,16 @@ class ApiServer:
         response: web.StreamResponse = await handler(request)
         return response
 
-    @web.middleware
-    async def _cors(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        response: web.StreamResponse = await handler(request)
+    async def _add_cors_headers(self, request: web.Request, response: web.StreamResponse) -> None:
         origin = request.headers.get("Origin")
         allowed = self.settings.cors_origins
-        if origin and ("*" in allowed or origin in allowed) and not response.prepared:
+        if origin and ("*" in allowed or origin in allowed):
             response.headers["Access-Control-Allow-Origin"] = origin
             response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
             response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
-        return response
 
     async def _preflight(self, request: web.Request) -> web.Response:
-        return web.Response(status=204)  # the CORS middleware adds the headers
+        return web.Response(status=204)  # _add_cors_headers adds the headers
 
     # -- endpoints ---------------------------------------------------------------------
 
@@ -699,10 +698,6 @@ class ApiServer:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        origin = request.headers.get("Origin")
-        allowed = self.settings.cors_origins
-        if origin and ("*" in allowed or origin in allowed):
-            response.headers["Access-Control-Allow-Origin"] = origin
         await response.prepare(request)
         first = True
         stats = SpeculationStats()
@@ -843,7 +838,7 @@ class PairWorker:
         self._method = method
         self._jobs: queue.Queue[ApiJob | None] = queue.Queue()
         self.counts = RequestCounts(max_queued)
-        self._pair: Any = None
+        self._pair: LoadedPair | None = None
         self._main: ServedModel | None = None
         self._draft: ServedModel | None = None
         self._problem: str | None = "the models are still loading"

@@ -129,18 +129,20 @@ def _defaults(args: argparse.Namespace) -> GenerationSettings:
 
 
 def _model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
-    main, draft = args.main, None if args.no_draft else args.draft
-    if main is None or (draft is None and not args.no_draft and args.main is None):
-        from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, ensure_model
-        from backends.service.models_cli import TextProgressBar
+    """The pair to serve: as given, else the default pair (fetched on first use)."""
+    draft = None if args.no_draft else args.draft
+    if args.main is not None:
+        return args.main, draft
+    from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, ensure_model
+    from backends.service.models_cli import TextProgressBar
 
-        progress = TextProgressBar(sys.stderr)
-        try:
-            main = main or ensure_model(DEFAULT_MAIN_KEY, progress)
-            if draft is None and not args.no_draft:
-                draft = ensure_model(DEFAULT_DRAFT_KEY, progress)
-        finally:
-            progress.finish()
+    progress = TextProgressBar(sys.stderr)
+    try:
+        main = ensure_model(DEFAULT_MAIN_KEY, progress)
+        if draft is None and not args.no_draft:
+            draft = ensure_model(DEFAULT_DRAFT_KEY, progress)
+    finally:
+        progress.finish()
     return main, draft
 
 
