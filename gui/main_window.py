@@ -67,6 +67,7 @@ log = logging.getLogger("gui")
 SAVE_ANSWER_INTERVAL_MS = 500  # how often a streaming answer is written to the history
 WINDOW_STATE_FILE = "window.ini"
 EMPTY_CHAT_HINT = "Load a model pair in the sidebar, then ask something."
+READY_CHAT_HINT = "Ask something below; the draft's accepted tokens show in green."
 
 
 class MessageInput(QPlainTextEdit):
@@ -289,6 +290,8 @@ class MainWindow(QMainWindow):
         client.crashed.connect(self._on_engine_crashed)
         server = self.sidebar.server_panel
         server.port.setValue(self.settings.get_int("server_port"))
+        server.api_key.setText(self.settings.get_str("server_api_key"))
+        server.set_host(self.settings.get_str("server_host"))
         server.serve_requested.connect(self._serve)
         server.stop_requested.connect(self.client.stop_serving)
         client.serving.connect(server.set_serving)
@@ -604,9 +607,11 @@ class MainWindow(QMainWindow):
 
     # -- answers for other programs (the local API) ------------------------------------------
 
-    def _serve(self, port: int) -> None:
+    def _serve(self, host: str, port: int, api_key: str) -> None:
+        self.settings.set("server_host", host)
         self.settings.set("server_port", port)
-        self.client.serve(port)
+        self.settings.set("server_api_key", api_key)
+        self.client.serve(port, host=host, api_key=api_key or None)
 
     def _on_api_started(self, _api_id: int, prompt_tokens: int, queued: int) -> None:
         self.sidebar.server_panel.set_waiting(queued)
@@ -759,6 +764,9 @@ class MainWindow(QMainWindow):
         self.regenerate_button.setEnabled(not generating and self.loaded is not None and has_answer)
         self.copy_button.setEnabled(has_answer)
         self.sidebar.set_busy(generating)
+        self.chat.browser.setPlaceholderText(
+            EMPTY_CHAT_HINT if self.loaded is None else READY_CHAT_HINT
+        )
 
     def _restore_window_state(self) -> None:
         state = QSettings(str(user_data_dir() / WINDOW_STATE_FILE), QSettings.Format.IniFormat)

@@ -19,7 +19,7 @@ from backends.engines.interface import DEFAULT_CONTEXT_SIZE
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SettingsError
 from backends.paths import user_data_dir
-from backends.service.protocol import DEFAULT_API_PORT, ENGINE_KINDS, LoadRequest
+from backends.service.protocol import DEFAULT_API_HOST, DEFAULT_API_PORT, ENGINE_KINDS, LoadRequest
 from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
 from backends.speculation.sampling import SamplingSettings
 from backends.speculation.types import (
@@ -374,10 +374,26 @@ SETTINGS: tuple[SettingSpec, ...] = (
         kind=int,
         default=DEFAULT_API_PORT,
         title="Local server port",
-        tooltip="The port the Local server listened on last (http://127.0.0.1:PORT/v1).",
+        tooltip="The port the Local server listened on last (http://ADDRESS:PORT/v1).",
         group="state",
         minimum=1024,
         maximum=65535,
+    ),
+    SettingSpec(
+        key="server_host",
+        kind=str,
+        default=DEFAULT_API_HOST,
+        title="Local server address",
+        tooltip="The address the Local server listened on last (127.0.0.1: this computer only).",
+        group="state",
+    ),
+    SettingSpec(
+        key="server_api_key",
+        kind=str,
+        default="",
+        title="Local server API key",
+        tooltip="The API key the Local server asked of its clients last (empty: none).",
+        group="state",
     ),
     SettingSpec(
         key="last_draft_choice",

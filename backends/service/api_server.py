@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import json
 import logging
 import math
@@ -42,7 +41,7 @@ from aiohttp import web
 
 from backends.engines.interface import ChatMessage
 from backends.errors import ContextOverflowError, SettingsError, SpecDeckError
-from backends.service.protocol import DEFAULT_API_HOST, DEFAULT_API_PORT
+from backends.service.protocol import DEFAULT_API_HOST, DEFAULT_API_PORT, is_loopback_host
 from backends.speculation.methods import METHODS, parse_method
 from backends.speculation.sampling import SamplingSettings
 from backends.speculation.types import (
@@ -118,15 +117,6 @@ class ApiError(Exception):
         return web.json_response(body, status=self.status)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 @dataclass(frozen=True)
 class ServerSettings:
     """Where the API listens and who may use it."""
@@ -140,7 +130,7 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"the port must be between 0 and 65535, got {self.port}")
-        if not self.api_key and not _is_loopback(self.host):
+        if not self.api_key and not is_loopback_host(self.host):
             raise SettingsError(
                 f"listening on {self.host} lets other machines in: give an API key "
                 "(--api-key) or listen on 127.0.0.1"

@@ -8,6 +8,7 @@ cannot drift apart. Stats travel as :class:`SpeculationStats` fields.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
@@ -33,6 +34,18 @@ DEFAULT_CONTEXT = DEFAULT_CONTEXT_SIZE
 # Where the local API listens unless told otherwise (``serve_start``, ``specdeck serve``).
 DEFAULT_API_HOST = "127.0.0.1"
 DEFAULT_API_PORT = 8765
+# Listening on every address of the machine (the window's "Other machines too").
+ALL_ADDRESSES_HOST = "0.0.0.0"
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether only programs on this machine can reach ``host`` (127.0.0.1, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from PySide6.QtTest import QTest
 from backends.service.protocol import LoadRequest
 from backends.speculation.types import TokenOrigin
 from gui.chat_store import ChatStore
-from gui.main_window import MainWindow
+from gui.main_window import READY_CHAT_HINT, MainWindow
 from gui.settings import AppSettings
 from tests.gui.conftest import engine_wait, smollm_pair_settings
 
@@ -93,6 +93,7 @@ def test_answer_highlights_exactly_the_accepted_draft_tokens(
         lambda *_: captions.append(window.meter.value_texts()["caption"])
     )
     assert "CPU" in window.sidebar.placement_text() or "GPU" in window.sidebar.placement_text()
+    assert window.chat.browser.placeholderText() == READY_CHAT_HINT  # loaded: no "Load…" hint
     assert _ask(qtbot, window, QUESTION) == "complete"
     stats = recorder.stats
     assert stats is not None

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import openai
 import pytest
+from PySide6.QtWidgets import QApplication
 
 from backends.speculation.types import SpeculationStats
 from gui.main_window import MainWindow
@@ -30,8 +31,9 @@ def test_the_panel_asks_to_serve_and_shows_what_the_engine_says(qtbot: QtBot) ->
     panel.port.setValue(9123)
     with qtbot.waitSignal(panel.serve_requested) as asked:
         panel.switch.setChecked(True)
-    assert asked.args == [9123]
+    assert asked.args == ["127.0.0.1", 9123, ""]  # this computer only, no key needed
     assert not panel.port.isEnabled()
+    assert not panel.address.isEnabled()
     panel.set_serving(True, "http://127.0.0.1:9123/v1", "")
     assert panel.status.text() == "Listening on http://127.0.0.1:9123/v1"
     panel.set_waiting(2)
@@ -53,6 +55,43 @@ def test_the_panel_asks_to_serve_and_shows_what_the_engine_says(qtbot: QtBot) ->
     with qtbot.waitSignal(panel.stop_requested, timeout=500, raising=False) as stopped:
         pass
     assert not stopped.signal_triggered  # going back off by itself asks nothing
+
+
+def test_other_machines_need_an_api_key(qtbot: QtBot) -> None:
+    panel = ServerPanel()
+    qtbot.addWidget(panel)
+    hosts = [panel.address.itemData(i) for i in range(panel.address.count())]
+    assert hosts[:2] == ["127.0.0.1", "0.0.0.0"]
+    assert panel.api_key.text() == ""
+    # Choosing every network makes a key at once, so the switch works and is safe.
+    panel.set_host("0.0.0.0")
+    key = panel.api_key.text()
+    assert key.startswith("sd-")
+    assert len(key) > 30
+    with qtbot.waitSignal(panel.serve_requested) as asked:
+        panel.switch.setChecked(True)
+    assert asked.args == ["0.0.0.0", panel.port.value(), key]
+    assert not panel.api_key.isEnabled()
+    panel.set_serving(True, "http://0.0.0.0:8765/v1", "")
+    assert panel.status.text() == "Listening on http://0.0.0.0:8765/v1 · API key required"
+    panel.switch.setChecked(False)
+    # Without a key the panel refuses, names the problem and asks the engine nothing.
+    panel.api_key.clear()
+    with qtbot.waitSignal(panel.serve_requested, timeout=300, raising=False) as asked_again:
+        panel.switch.setChecked(True)
+    assert not asked_again.signal_triggered
+    assert not panel.switch.isChecked()
+    assert panel.status.text() == (
+        "Not serving: other machines may connect on 0.0.0.0: give an API key (New makes one)"
+    )
+    panel.new_key.click()
+    assert panel.api_key.text().startswith("sd-")
+    assert panel.api_key.text() != key
+    panel.copy_key.click()
+    assert QApplication.clipboard().text() == panel.api_key.text()
+    # A saved address that this machine no longer has falls back to this computer only.
+    panel.set_host("203.0.113.9")
+    assert panel.host() == "127.0.0.1"
 
 
 def test_request_line_says_when_the_client_left() -> None:
@@ -115,3 +154,27 @@ def test_the_window_serves_its_loaded_pair_and_the_meter_follows(
         openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0
         ).models.list()
+
+
+def test_the_window_serves_other_machines_only_with_the_key(
+    qtbot: QtBot, window: MainWindow, smollm_path: Path
+) -> None:
+    panel = window.sidebar.server_panel
+    port = free_port()
+    panel.port.setValue(port)
+    panel.set_host("0.0.0.0")
+    key = panel.api_key.text()
+    with engine_wait(qtbot, window.client, window.client.serving, 30_000) as serving:
+        panel.switch.setChecked(True)
+    assert serving.args[0] is True, serving.args
+    assert panel.status.text().endswith("API key required")
+    # The address and key are offered again next start.
+    assert window.settings.get_str("server_host") == "0.0.0.0"
+    assert window.settings.get_str("server_api_key") == key
+    base_url = f"http://127.0.0.1:{port}/v1"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
+    models = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0).models.list()
+    assert smollm_path.stem in [model.id for model in models.data]
+    with engine_wait(qtbot, window.client, window.client.serving, 30_000):
+        panel.switch.setChecked(False)
