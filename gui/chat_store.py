@@ -384,6 +384,15 @@ class ChatStore:
         )
         return [self._record(*row) for row in rows]
 
+    def recent_user_messages(self, limit: int) -> list[str]:
+        """The user's last ``limit`` messages over every chat, newest first, one per text."""
+        rows = self._query(
+            "SELECT content FROM messages WHERE role = 'user' AND trim(content) != ''"
+            " GROUP BY content ORDER BY max(id) DESC LIMIT ?",
+            (limit,),
+        )
+        return [str(row[0]) for row in rows]
+
     def delete_messages_from(self, message_id: int) -> None:
         """Delete a message and every later one of its conversation (to regenerate an answer)."""
         with self._transaction() as db:

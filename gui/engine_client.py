@@ -28,6 +28,7 @@ from backends.service.protocol import (
     stats_from_wire,
     tokens_from_wire,
 )
+from backends.service.tuning_memory import RememberedTuning
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -117,6 +118,11 @@ class EngineClient(QObject):
         api_finished(int, list, SpeculationStats): an API answer's last tokens and stats.
         api_failed(int, str): an API request ended with an error (sent to its client).
         api_queue(int): API requests waiting or running, after one ended.
+        tune_progress(float, str): "Find my fastest setup" is running: fraction, what now.
+        tuned(object, bool, bool, list): its result (a RememberedTuning, or None when
+            only recalling found none), whether it was recalled instead of measured,
+            whether it was cancelled, and what changed on the machine since a recalled
+            result was measured.
     """
 
     ready = Signal(list)
@@ -135,6 +141,8 @@ class EngineClient(QObject):
     api_finished = Signal(int, list, object)
     api_failed = Signal(int, str)
     api_queue = Signal(int)
+    tune_progress = Signal(float, str)
+    tuned = Signal(object, bool, bool, list)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -233,6 +241,29 @@ class EngineClient(QObject):
         """Close the local API."""
         self._send({"type": "serve_stop"})
 
+    def tune(
+        self,
+        request_id: int,
+        *,
+        budget_seconds: float,
+        drafts: list[str],
+        prompts: list[str],
+        again: bool = False,
+        recall_only: bool = False,
+    ) -> None:
+        """Find the fastest setup for the loaded main model (``tuned`` has the result)."""
+        self._send(
+            {
+                "type": "tune",
+                "request_id": request_id,
+                "budget_seconds": budget_seconds,
+                "drafts": drafts,
+                "prompts": prompts,
+                "again": again,
+                "recall_only": recall_only,
+            }
+        )
+
     def cancel(self) -> None:
         """Stop the running generation (its ``run_finished`` says ``cancelled``)."""
         self._send({"type": "cancel"})
@@ -316,6 +347,16 @@ class EngineClient(QObject):
             self.api_failed.emit(event["api_id"], str(event["message"]))
         elif kind == "api_queue":
             self.api_queue.emit(int(event["queued"]))
+        elif kind == "tune_progress":
+            self.tune_progress.emit(float(event["fraction"]), str(event["message"]))
+        elif kind == "tuned":
+            result = event["result"]
+            self.tuned.emit(
+                RememberedTuning.from_json(result) if result is not None else None,
+                bool(event["recalled"]),
+                bool(event["cancelled"]),
+                [str(change) for change in event.get("changes", ())],
+            )
         elif kind == "error":
             if event.get("request_id") is None:
                 self.load_in_flight = None  # a load (or unload) that failed cleanly

@@ -49,6 +49,7 @@ from gui.chat_store import ChatStore, HistoryError
 from gui.compare_view import CompareView
 from gui.conversation_list import ConversationList
 from gui.engine_client import EngineClient, EngineDeath, LoadedPair
+from gui.fastest_setup import FastestSetupFinder
 from gui.first_run import FirstRunDialog
 from gui.meter import AcceptanceMeter
 from gui.settings import AppSettings, extra_model_folders, generation_settings
@@ -302,6 +303,16 @@ class MainWindow(QMainWindow):
         client.api_failed.connect(lambda _id, message: server.add_failure(message))
         client.api_queue.connect(server.set_waiting)
 
+        self.fastest_setup = FastestSetupFinder(
+            client,
+            self.sidebar,
+            self.store,
+            self,
+            is_answering=lambda: self.answer is not None,
+            loaded_request=lambda: self.last_load if self.loaded is not None else None,
+        )
+        self.fastest_setup.running_changed.connect(lambda _running: self._update_controls())
+        self.sidebar.tune_requested.connect(self.fastest_setup.open)
         self.sidebar.load_requested.connect(self.load_models)
         self.sidebar.unload_requested.connect(self.unload_models)
         self.sidebar.pair_changed.connect(self._update_estimate)
@@ -675,6 +686,8 @@ class MainWindow(QMainWindow):
         self.store.update_answer(answer.message_id, answer.text, spans_from_tokens(answer.tokens))
 
     def _on_engine_error(self, message: str, request_id: object) -> None:
+        if self.fastest_setup.owns(request_id):
+            return  # the trials' dialog shows it
         if isinstance(request_id, int) and self._is_current(request_id):
             if self.answer is not None and self.answer.compare:
                 self.compare_view.cancel()
@@ -757,9 +770,10 @@ class MainWindow(QMainWindow):
             self.rescan_models()
 
     def _update_controls(self) -> None:
-        generating = self.answer is not None
+        answering = self.answer is not None
+        generating = answering or self.fastest_setup.running  # the engine is busy
         self.send_button.setEnabled(not generating and self.loaded is not None)
-        self.stop_button.setEnabled(generating)
+        self.stop_button.setEnabled(answering)
         has_answer = self.chat.answer_count() > 0
         self.regenerate_button.setEnabled(not generating and self.loaded is not None and has_answer)
         self.copy_button.setEnabled(has_answer)

@@ -1,38 +1,53 @@
 """The sidebar's models panel: the engine, main model, draft and speculation method pickers.
 
-Fed from a catalog scan; drafts that cannot draft for the main model are listed greyed
-with the reason, after the n-gram lookup and Off choices. Each pick is remembered in the
-settings. A view of the choice only: what a load would ask for is the sidebar's.
+Fed from a catalog scan; every local model that cannot draft for the main model is listed
+greyed with the reason (backends.models.draft_verdict), after the n-gram lookup and Off
+choices. "Find my fastest setup…" beside the draft picker opens the trials. Each pick is
+remembered in the settings. A view of the choice only: what a load would ask for is the sidebar's.
 
 Signals:
     selection_changed(bool): the engine, main model, draft or method changed; whether an
         error shown for the old choice may be cleared.
     open_folder_requested(): the user wants to see the models folder.
     fetch_default_pair_requested(): the user wants the default model pair downloaded.
+    tune_requested(): "Find my fastest setup…" was pressed.
 """
 
 from __future__ import annotations
 
 import html
 import importlib.util
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtGui import QStandardItem, QStandardItemModel
-from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
 
-from backends.models.catalog import compatible_drafts
+from backends.engines.hardware import available_memory
+from backends.models.draft_verdict import draft_verdicts
 from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, model_source
 from backends.service.protocol import ENGINE_KINDS
 from gui.form_widgets import ROW_SPACING, CalmComboBox, caption, heading, muted_label, select_data
 from gui.settings import DRAFT_CHOICE_NGRAM, DRAFT_CHOICE_OFF, setting_spec
+from gui.style import MUTED_TEXT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from backends.models.catalog import CatalogScan
+    from backends.models.draft_verdict import DraftVerdict
     from backends.models.gguf_info import ModelInfo
     from backends.service.protocol import EngineKind
+    from backends.speculation.methods import SpeculationMethod
     from gui.settings import AppSettings
 
 COMBO_MIN_CONTENT_CHARS = 12
@@ -44,6 +59,11 @@ NGRAM_DESCRIPTION = (
     "Drafts by looking up text the conversation already holds; no second model to load."
 )
 OFF_DESCRIPTION = "No drafting: the main model answers alone, token by token."
+TUNE_TOOLTIP = (
+    "Try plain decoding, every n-gram method, auto and every compatible draft on the loaded "
+    "main model, on your last chats or the suite's prompts, and rank them by the speed "
+    "measured here (specdeck-bench --tune in a terminal)"
+)
 NO_MODELS_TEXT = "No GGUF models found in SpecDeck's folder, LM Studio's or the Hugging Face cache."
 
 
@@ -61,6 +81,7 @@ class ModelsPanel(QWidget):
 
     selection_changed = Signal(bool)
     open_folder_requested = Signal()
+    tune_requested = Signal()
     fetch_default_pair_requested = Signal()
 
     def __init__(
@@ -77,6 +98,7 @@ class ModelsPanel(QWidget):
         self._catalog_models: tuple[ModelInfo, ...] = ()  # every format
         self._models: tuple[ModelInfo, ...] = ()  # those the selected engine reads
         self._models_by_path: dict[str, ModelInfo] = {}
+        self._importable: dict[str, ModelInfo] = {}  # GGUF drafts an MLX main model can import
         self._filling = False
         self._build(mlx_ok)
         self._fill_pickers(())
@@ -88,7 +110,7 @@ class ModelsPanel(QWidget):
 
     def model_at(self, path: str) -> ModelInfo | None:
         """The listed model at ``path`` (None when the selected engine lists none there)."""
-        return self._models_by_path.get(path)
+        return self._models_by_path.get(path) or self._importable.get(path)
 
     def _announce(self, *, clear_errors: bool) -> None:
         if self._filling:
@@ -153,13 +175,28 @@ class ModelsPanel(QWidget):
         self._draft_model = QStandardItemModel(self._draft_combo)
         self._draft_combo.setModel(self._draft_model)
         self._draft_combo.currentIndexChanged.connect(self._on_draft_changed)
-        layout.addWidget(
+        draft_row = QHBoxLayout()
+        draft_row.setContentsMargins(0, 0, 0, 0)
+        draft_row.addWidget(
             caption(
                 "Draft",
                 "A small model with the main model's tokenizer that proposes tokens for the "
                 "main model to verify (llama.cpp's --model-draft).",
             )
         )
+        draft_row.addStretch(1)
+        self.tune_button = QPushButton("Find my fastest setup…")
+        self.tune_button.setObjectName("tuneButton")
+        self.tune_button.setFlat(True)
+        self.tune_button.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.tune_button.setStyleSheet(
+            "QPushButton { text-align: right; padding: 0px; color: palette(link); }"
+            f" QPushButton:disabled {{ color: {MUTED_TEXT.name()}; }}"
+        )
+        self.tune_button.setToolTip(TUNE_TOOLTIP)
+        self.tune_button.clicked.connect(self.tune_requested)
+        draft_row.addWidget(self.tune_button)
+        layout.addLayout(draft_row)
         layout.addWidget(self._draft_combo)
         self._draft_card = _card()
         layout.addWidget(self._draft_card)
@@ -239,7 +276,7 @@ class ModelsPanel(QWidget):
 
     def selected_draft(self) -> ModelInfo | None:
         """The draft model picked, or None for n-gram lookup, Off, or an empty catalog."""
-        return self._models_by_path.get(self.selected_draft_choice())
+        return self.model_at(self.selected_draft_choice())
 
     def selected_draft_choice(self) -> str:
         """The draft picker's choice: a model path, DRAFT_CHOICE_NGRAM, or DRAFT_CHOICE_OFF."""
@@ -302,13 +339,24 @@ class ModelsPanel(QWidget):
     def _refill_drafts(self, wanted: str) -> None:
         """Rebuild the draft list for the selected main model and select ``wanted`` if it fits."""
         main = self.selected_main()
-        candidates = compatible_drafts(main, self._models) if main is not None else []
-        compatible = [info for info, problem in candidates if problem is None]
-        incompatible = [(info, problem) for info, problem in candidates if problem is not None]
+        verdicts = self.draft_verdicts()
+        compatible = [verdict.draft for verdict in verdicts if verdict.can_draft]
+        importable = [verdict.draft for verdict in verdicts if verdict.kind == "import first"]
+        incompatible = [
+            verdict
+            for verdict in verdicts
+            if not verdict.can_draft and verdict.kind != "import first"
+        ]
+        self._importable = {str(info.path): info for info in importable}
         with QSignalBlocker(self._draft_combo):
             self._draft_model.clear()
             for info in compatible:
                 self._draft_model.appendRow(_draft_item(info, None))
+            for info in importable:
+                item = _draft_item(info, None)
+                item.setText(f"{info.display_name} · imported to MLX on load")
+                item.setToolTip(f"{info.path}: the same tokenizer; Load imports it to MLX once")
+                self._draft_model.appendRow(item)
             if compatible:
                 self._draft_combo.insertSeparator(self._draft_combo.count())
             for title, choice, description in (
@@ -321,12 +369,54 @@ class ModelsPanel(QWidget):
                 self._draft_model.appendRow(item)
             if incompatible:
                 self._draft_combo.insertSeparator(self._draft_combo.count())
-            for info, problem in incompatible:
-                self._draft_model.appendRow(_draft_item(info, problem))
+            for verdict in incompatible:
+                self._draft_model.appendRow(_draft_item(verdict.draft, verdict.summary))
             if main is None:
                 self._draft_combo.setCurrentIndex(-1)
             else:
-                select_data(self._draft_combo, self._preferred_draft(wanted, main, compatible))
+                select_data(
+                    self._draft_combo, self._preferred_draft(wanted, main, compatible + importable)
+                )
+
+    def draft_verdicts(
+        self, main: ModelInfo | None = None, *, main_loaded: bool = False
+    ) -> list[DraftVerdict]:
+        """Every local model's verdict as a draft for ``main`` (the selected one), usable first.
+
+        Models of the other format are judged too (an MLX folder for a GGUF main model
+        cannot draft; a GGUF file for an MLX main model can once imported), so that the
+        reason is given for each. The main model itself is among them (self-speculation).
+        ``main_loaded``: the main model is in memory already, only the draft has to fit.
+        """
+        main = main or self.selected_main()
+        if main is None:
+            return []
+        return draft_verdicts(
+            main, self._catalog_models, free_memory=self._free_memory(), main_loaded=main_loaded
+        )
+
+    def catalog_model(self, path: str) -> ModelInfo | None:
+        """The scanned model at ``path``, of either format."""
+        wanted = Path(path)
+        return next((info for info in self._catalog_models if Path(info.path) == wanted), None)
+
+    def _free_memory(self) -> int | None:
+        try:
+            return available_memory()
+        except OSError:
+            return None
+
+    def select_setup(self, method: SpeculationMethod, draft_path: str | None) -> None:
+        """Pick a setup: the draft (or n-gram lookup, or Off) and the speculation method."""
+        if method == "off":
+            choice = DRAFT_CHOICE_OFF
+        elif draft_path is not None:
+            choice = draft_path
+        else:
+            choice = DRAFT_CHOICE_NGRAM
+        if method != "off":
+            select_data(self.method_combo, method)
+        select_data(self._draft_combo, choice)
 
     def _preferred_draft(self, wanted: str, main: ModelInfo, compatible: list[ModelInfo]) -> str:
         """``wanted`` when it is still possible, else the smallest compatible model, else n-gram."""

@@ -25,6 +25,7 @@ from gui.models_panel import (
     MLX_UNAVAILABLE_TOOLTIP,
     NGRAM_TITLE,
     OFF_TITLE,
+    TUNE_TOOLTIP,
     ModelsPanel,
     format_file_size,
     mlx_available,
@@ -45,8 +46,10 @@ if TYPE_CHECKING:
 
     from backends.engines.interface import LoadReport
     from backends.models.catalog import CatalogScan
+    from backends.models.draft_verdict import DraftVerdict
     from backends.models.gguf_info import ModelInfo
     from backends.service.protocol import LoadRequest
+    from backends.speculation.methods import SpeculationMethod
     from gui.settings import AppSettings
 
 logger = logging.getLogger(__name__)
@@ -82,6 +85,7 @@ class Sidebar(QWidget):
         open_folder_requested(): the user wants to see the models folder.
         fetch_default_pair_requested(): the user wants the default model pair downloaded.
         pair_changed(): the selected engine, main model, draft or method changed.
+        tune_requested(): "Find my fastest setup…" was pressed (a pair is loaded).
     """
 
     load_requested = Signal(object)
@@ -89,6 +93,7 @@ class Sidebar(QWidget):
     open_folder_requested = Signal()
     fetch_default_pair_requested = Signal()
     pair_changed = Signal()
+    tune_requested = Signal()
 
     def __init__(self, settings: AppSettings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -112,6 +117,7 @@ class Sidebar(QWidget):
         self._models_panel.selection_changed.connect(self._on_selection_changed)
         self._models_panel.open_folder_requested.connect(self.open_folder_requested)
         self._models_panel.fetch_default_pair_requested.connect(self.fetch_default_pair_requested)
+        self._models_panel.tune_requested.connect(self.tune_requested)
         layout.addWidget(self._models_panel)
         self._load_panel = LoadPanel(content)
         self._load_panel.clicked.connect(self._on_load_clicked)
@@ -187,6 +193,22 @@ class Sidebar(QWidget):
             method,
             engine=self._models_panel.selected_engine(),
         )
+
+    def draft_verdicts(
+        self, main: ModelInfo | None = None, *, main_loaded: bool = False
+    ) -> list[DraftVerdict]:
+        """Every local model's verdict as a draft for ``main`` (the selected main model)."""
+        return self._models_panel.draft_verdicts(main, main_loaded=main_loaded)
+
+    def catalog_model(self, path: str) -> ModelInfo | None:
+        """The scanned model at ``path``, of either format (None when the scan has none)."""
+        return self._models_panel.catalog_model(path)
+
+    def apply_setup(self, method: SpeculationMethod, draft_path: str | None) -> None:
+        """Pick a measured setup (its draft and method) and load it."""
+        self._models_panel.select_setup(method, draft_path)
+        if self._button_action == "load":
+            self._on_load_clicked()
 
     def setting_widget(self, key: str) -> QWidget:
         """The editor bound to setting ``key`` (KeyError when the sidebar does not show it)."""
@@ -331,6 +353,11 @@ class Sidebar(QWidget):
     def _update_controls(self) -> None:
         has_models = self._models_panel.has_models
         self._models_panel.set_pickers_enabled(not self._busy and self._state != "loading")
+        tune = self._models_panel.tune_button
+        tune.setEnabled(self._state == "loaded" and not self._busy)
+        tune.setToolTip(
+            TUNE_TOOLTIP if self._state == "loaded" else f"Load a main model first. {TUNE_TOOLTIP}"
+        )
         panel = self._load_panel
         if self._state == "loading":
             self._button_action = "load"

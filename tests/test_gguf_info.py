@@ -220,14 +220,17 @@ def test_gemma_main_with_smollm_draft_names_the_vocabulary_types(
     assert message == compatibility_problem(gemma, smollm)
     assert "\n" not in message
     assert "vocabulary" in message
-    assert "draft 'Smollm2 135M 8k Lc100K Mix1 Ep2' has a BPE (gpt2) vocabulary" in message
-    assert "main 'Gemma 3 270m' has SPM (llama)" in message
+    assert message.startswith("incompatible pair: another family (llama; main: gemma3): ")
+    assert "draft 'Smollm2 135M 8k Lc100K Mix1 Ep2' has the BPE (gpt2) vocabulary" in message
+    assert "of 49,152 tokens" in message
+    assert "main 'Gemma 3 270m' has SPM (llama) with 262,144" in message
 
 
 def test_different_vocabulary_sizes_are_named(qwen_main_path: Path, smollm_path: Path) -> None:
     problem = compatibility_problem(read_model_info(qwen_main_path), read_model_info(smollm_path))
     assert problem is not None
-    assert "differ by 102784 tokens" in problem
+    assert "another family (llama; main: qwen2)" in problem
+    assert "differ by 102,784 tokens" in problem
 
 
 def test_one_differing_token_is_named(qwen_main_path: Path) -> None:
@@ -239,6 +242,9 @@ def test_one_differing_token_is_named(qwen_main_path: Path) -> None:
     problem = compatibility_problem(main, draft)
     assert problem is not None
     assert "token 1234" in problem
+    assert "another family" not in problem  # the same architecture
+    # How many texts differ, over llama.cpp's compared range (ids 5 up to the size).
+    assert f"1 of {main.vocab.size - 5:,} token texts differ" in problem
     assert f"is {main.vocab.tokens[1234]!r} in main" in problem
     assert "but 'bar\\nbaz' in draft" in problem
     assert "\n" not in problem

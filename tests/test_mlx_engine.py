@@ -18,6 +18,10 @@ from backends.engines.mlx import PREFILL_CHUNK, MlxEngine
 from backends.engines.selection import open_engine
 from backends.errors import ModelFileError
 from backends.models.catalog import compatible_drafts, read_catalog_model, scan_models
+from backends.models.draft_verdict import draft_verdict
+from backends.paths import MODELS_DIR_ENV
+from backends.service.loaded_pair import open_pair
+from backends.service.protocol import LoadRequest
 from backends.speculation.drafters import DraftModelDrafter
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.methods import build_decoder
@@ -324,3 +328,33 @@ def test_mlx_is_imported_only_when_the_engine_is_chosen() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_gguf_draft_for_an_mlx_main_is_imported_at_load(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, smollm_mlx: Path, smollm_path: Path
+) -> None:
+    mlx_main, gguf = read_catalog_model(smollm_mlx), read_catalog_model(smollm_path)
+    # The same tokenizer in the other format: the GGUF to MLX import fixes it, and says so.
+    verdict = draft_verdict(mlx_main, gguf)
+    assert verdict.kind == "import first"
+    assert verdict.reason.startswith("a GGUF file and the main model is an MLX folder: import")
+    # The other way round nothing can: llama.cpp reads GGUF only.
+    backwards = draft_verdict(gguf, mlx_main)
+    assert backwards.kind == "incompatible"
+    assert "llama.cpp reads GGUF only" in backwards.reason
+    # Loading the pair imports the draft first (into the models folder), then loads both.
+    monkeypatch.setenv(MODELS_DIR_ENV, str(tmp_path / "models"))
+    stages: list[tuple[float, str]] = []
+    request = LoadRequest(
+        str(smollm_mlx), str(smollm_path), engine="mlx", method="draft-model", n_ctx=TINY_CONTEXT
+    )
+    pair = open_pair(request, lambda fraction, what: stages.append((fraction, what)))
+    try:
+        assert pair.draft is not None
+        assert pair.draft.load_report.backend.startswith("MLX")
+        assert any(what.startswith("importing") for _, what in stages)
+        fractions = [fraction for fraction, _ in stages]
+        assert fractions == sorted(fractions)  # the import, then the loads: never backwards
+        assert (tmp_path / "models" / "mlx" / smollm_path.stem).is_dir()
+    finally:
+        pair.close()

@@ -28,10 +28,12 @@ def compatibility_problem(main: ModelInfo, draft: ModelInfo) -> str | None:
     main_vocab, draft_vocab = main.vocab, draft.vocab
     main_name, draft_name = _quote(main.name), _quote(draft.name)
 
+    families = _families(main, draft)
     if main_vocab.vocab_type != draft_vocab.vocab_type:
         return (
-            f"incompatible pair: draft {draft_name} has a {_describe_type(draft_vocab)} "
-            f"vocabulary, main {main_name} has {_describe_type(main_vocab)} "
+            f"incompatible pair: {families}draft {draft_name} has the "
+            f"{_describe_type(draft_vocab)} vocabulary of {draft_vocab.size:,} tokens, main "
+            f"{main_name} has {_describe_type(main_vocab)} with {main_vocab.size:,} "
             "(llama.cpp needs the same tokenizer)"
         )
 
@@ -43,15 +45,18 @@ def compatibility_problem(main: ModelInfo, draft: ModelInfo) -> str | None:
     size_difference = abs(main_vocab.size - draft_vocab.size)
     if size_difference > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
         return (
-            f"incompatible pair: the vocabularies differ by {size_difference} tokens "
-            f"(main {main_name} has {main_vocab.size}, draft {draft_name} has {draft_vocab.size}; "
+            f"incompatible pair: {families}the vocabularies differ by {size_difference:,} tokens "
+            f"(main {main_name} has {main_vocab.size:,}, "
+            f"draft {draft_name} has {draft_vocab.size:,}; "
             f"llama.cpp allows at most {SPEC_VOCAB_MAX_SIZE_DIFFERENCE})"
         )
 
     token_id = first_differing_token(main_vocab, draft_vocab)
     if token_id is not None:
+        differing, compared = count_differing_tokens(main_vocab, draft_vocab)
         return (
-            f"incompatible pair: token {token_id} is {_quote_token(main_vocab, token_id)} in main "
+            f"incompatible pair: {families}{differing:,} of {compared:,} token texts differ; the "
+            f"first, token {token_id}, is {_quote_token(main_vocab, token_id)} in main "
             f"{main_name} but {_quote_token(draft_vocab, token_id)} in draft {draft_name} "
             "(llama.cpp needs identical token texts)"
         )
@@ -75,6 +80,23 @@ def first_differing_token(main: VocabInfo, draft: VocabInfo) -> int | None:
         if main.tokens[token_id] != draft.tokens[token_id]:
             return token_id
     return None
+
+
+def count_differing_tokens(main: VocabInfo, draft: VocabInfo) -> tuple[int, int]:
+    """(how many ids differ in text, how many were compared), over llama.cpp's checked range."""
+    start = SPEC_VOCAB_CHECK_START_TOKEN_ID
+    end = min(main.size, draft.size, len(main.tokens), len(draft.tokens))
+    differing = sum(
+        1 for token_id in range(start, end) if main.tokens[token_id] != draft.tokens[token_id]
+    )
+    return differing, max(0, end - start)
+
+
+def _families(main: ModelInfo, draft: ModelInfo) -> str:
+    """A prefix naming both families when the architectures differ, else ""."""
+    if main.architecture == draft.architecture:
+        return ""
+    return f"another family ({draft.architecture}; main: {main.architecture}): "
 
 
 def _special_token_problem(token_kind: str, main: ModelInfo, draft: ModelInfo) -> str | None:

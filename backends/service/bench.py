@@ -45,6 +45,7 @@ from backends.models.catalog import read_catalog_model
 from backends.models.compat import check_compatibility
 from backends.service.protocol import ENGINE_KINDS
 from backends.service.suite_prompts import SUITE_PROMPTS
+from backends.service.tuning import DEFAULT_BUDGET_SECONDS
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.methods import (
     DEFAULT_METHOD,
@@ -150,6 +151,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --suite: only these prompts (comma-separated keys: "
         + ", ".join(p.key for p in SUITE_PROMPTS)
         + ")",
+    )
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="find the fastest setup for --main on this machine: plain, every n-gram method, "
+        "auto and every compatible local draft (or only --draft), ranked and explained; "
+        "remembered per model and machine",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET_SECONDS,
+        help=f"with --tune: the time budget in seconds (default: {DEFAULT_BUDGET_SECONDS:.0f})",
+    )
+    parser.add_argument(
+        "--again",
+        action="store_true",
+        help="with --tune: measure even when a result for this model and machine is remembered",
     )
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help=f"user message (default: {DEFAULT_PROMPT!r})")
@@ -669,6 +688,8 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
         if args.system:
             messages.insert(0, ChatMessage("system", args.system))
         method = parse_method(args.method)
+        if args.tune:
+            return _tune(args, stage_file)
         main_path, draft_path = _model_paths(args)
         requested = RiskySettings(args.weight_repacking, args.gpu_layers, args.threads)
         risky, crash = CrashRecords().choose((main_path, draft_path), requested)
@@ -724,6 +745,47 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
         print(json.dumps(result_json(result, report), ensure_ascii=False))
     else:
         print(format_table(result, report, settings))
+    return 0
+
+
+def _tune(args: argparse.Namespace, stage_file: Path) -> int:
+    """``--tune``: rank every setup for the main model (errors are raised to _work)."""
+    from backends.service.tune_bench import print_tuning, run_tune
+
+    if args.suite:
+        raise SettingsError("--tune and --suite are two different runs; choose one")
+    main_path = args.main
+    if main_path is None:
+        from backends.models.provision import DEFAULT_MAIN_KEY, ensure_model
+        from backends.service.models_cli import TextProgressBar
+
+        progress = TextProgressBar(sys.stderr)
+        try:
+            main_path = ensure_model(DEFAULT_MAIN_KEY, progress)
+        finally:
+            progress.finish()
+    if args.engine == "mlx":
+        main_path = _mlx_folder(main_path)
+    drafts = None if args.draft is None else [args.draft]
+    requested = RiskySettings(args.weight_repacking, args.gpu_layers, args.threads)
+    risky, crash = CrashRecords().choose((main_path,), requested)
+    if crash is not None:
+        print(f"{PROG}: {avoided_crash_note(crash)}", file=sys.stderr)
+    _report_stages(stage_file, risky)
+    prompt = _read_prompt(args) if args.prompt or args.prompt_file else None
+    tuning, verdicts, recalled = run_tune(
+        main_path,
+        drafts,
+        budget_seconds=args.budget,
+        prompt=prompt,
+        again=args.again,
+        n_ctx=args.ctx,
+        engine=args.engine,
+        load_settings=risky,
+        progress=None if args.json else sys.stderr,
+    )
+    name = read_catalog_model(main_path).display_name
+    print_tuning(tuning, verdicts, recalled, name, as_json=args.json)
     return 0
 
 

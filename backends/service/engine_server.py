@@ -12,6 +12,11 @@ Events: ``ready``, ``load_stage`` (a risky step of a load begins: if the process
 now, the window knows where), ``load_progress``, ``loaded``, ``unloaded``, ``started``,
 ``tokens`` (one per round, with the stats so far), ``finished``, ``compared``, ``error``.
 
+"Find my fastest setup" (``tune``; events ``tune_progress``, ``tuned``) runs every setup
+on the loaded main model, like an answer: a crash is the crash-recovery path, ``cancel``
+stops it, and the loaded pair is left as it was (trial drafts are loaded beside it and
+closed after; the loaded draft is reused, not loaded twice).
+
 The local API (``serve_start`` / ``serve_stop``; event ``serving``) listens from a thread
 of its own on the loaded pair: each request becomes a command in the same queue as the
 window's, so it waits its turn on the one engine, and the window hears of it as it runs
@@ -27,13 +32,16 @@ import queue
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from backends.engines.interface import common_prefix_length
 from backends.engines.load_guard import add_stage_listener
-from backends.engines.selection import installed_engines
+from backends.engines.selection import installed_engines, open_engine
 from backends.errors import ContextOverflowError, SettingsError, SpecDeckError
+from backends.models.catalog import read_catalog_model
 from backends.service.api_server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -58,11 +66,23 @@ from backends.service.protocol import (
     stats_to_wire,
     tokens_to_wire,
 )
+from backends.service.tuning import (
+    DEFAULT_BUDGET_SECONDS,
+    SetupTuner,
+    candidate_setups,
+    device_words,
+    trial_prompts,
+)
+from backends.service.tuning_memory import RememberedTuning, TuningMemory, machine_key
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.types import GenerationResult
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from backends.engines.hardware import ComputeDevice
+    from backends.engines.interface import ModelEngine
+    from backends.models.gguf_info import ModelInfo
     from backends.service.api_server import ApiJob
     from backends.speculation.methods import SpeculationMethod
     from backends.speculation.types import EmittedToken, GenerationUpdate, SpeculationStats
@@ -161,6 +181,8 @@ class EngineServer:
                 self.emit("unloaded")
             elif kind == "generate":
                 self._generate(parse_generate(command))
+            elif kind == "tune":
+                self._tune(command)
             else:
                 self._error(f"engine process: unknown command {kind!r}", request_id)
         except SpecDeckError as error:
@@ -315,6 +337,80 @@ class EngineServer:
             self.emit(
                 "compared", request_id=request.request_id, speedup=speedup, identical=identical
             )
+
+    def _tune(self, command: dict[str, Any]) -> None:
+        """Find the fastest setup for the loaded main model (or recall the remembered one)."""
+        pair = self._pair
+        if pair is None:
+            raise SettingsError("no model is loaded; load a main model first")
+        self._cancel.clear()
+        request = pair.request
+        memory = TuningMemory()
+        key = machine_key(request.main_path, pair.main, request.engine)
+        recall = memory.recall(key)
+        if command.get("recall_only") or (
+            recall is not None and recall.current and not command.get("again")
+        ):
+            self.emit(
+                "tuned",
+                result=recall.tuning.to_json() if recall is not None else None,
+                changes=list(recall.changes) if recall is not None else [],
+                recalled=True,
+                cancelled=False,
+            )
+            return
+        drafts = [read_catalog_model(path) for path in command.get("drafts", [])]
+        loaded_draft = request.draft_path
+
+        @contextmanager
+        def open_draft(info: ModelInfo) -> Iterator[ModelEngine]:
+            if pair.draft is not None and str(info.path) == loaded_draft:
+                yield pair.draft  # the loaded draft: not loaded twice, not closed
+                return
+            draft = open_engine(
+                request.engine,
+                Path(info.path),
+                n_ctx=request.n_ctx,
+                settings=request.risky,
+                is_draft=True,
+            )
+            try:
+                yield draft
+            finally:
+                draft.close()
+
+        last_sent = 0.0
+
+        def progress(fraction: float, message: str) -> None:
+            nonlocal last_sent
+            now = time.monotonic()
+            if now - last_sent >= PROGRESS_EVENT_INTERVAL or fraction >= 1.0:
+                last_sent = now
+                self.emit("tune_progress", fraction=round(fraction, 4), message=message)
+
+        tuner = SetupTuner(
+            pair.main,
+            open_draft,
+            costs=pair.costs,
+            progress=progress,
+            cancel=self._cancel,
+            device=device_words(pair.main),
+        )
+        outcome = tuner.run(
+            candidate_setups(drafts),
+            trial_prompts(command.get("prompts", [])),
+            budget_seconds=float(command.get("budget_seconds", DEFAULT_BUDGET_SECONDS)),
+        )
+        result = RememberedTuning.of(key, outcome)
+        if not outcome.cancelled:
+            memory.remember(result)
+        self.emit(
+            "tuned",
+            result=result.to_json(),
+            changes=[],
+            recalled=False,
+            cancelled=outcome.cancelled,
+        )
 
     def _stream(
         self,

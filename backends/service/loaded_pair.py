@@ -2,7 +2,8 @@
 
 Shared by the engine process (the window's models) and ``specdeck serve``: the pair's
 formats must match the engine, the draft must be compatible with the main model, the pair
-must fit the free memory (refused only when clearly hopeless), and with ``auto`` the
+must fit the free memory (refused only when clearly hopeless; a compatible GGUF draft for
+an MLX main model is imported to MLX first), and with ``auto`` the
 planner's batch costs are measured at load. :class:`LoadedPair` keeps one decoder per
 method, so what a planner learned carries over from answer to answer.
 """
@@ -19,14 +20,15 @@ from backends.engines.load_guard import SAFEST, checkpoint
 from backends.engines.selection import open_engine
 from backends.errors import SettingsError, SpecDeckError
 from backends.models.catalog import read_catalog_model
-from backends.models.compat import check_compatibility
+from backends.models.compat import check_compatibility, compatibility_problem
 from backends.speculation.methods import build_decoder
 from backends.speculation.planner import CostCache
 from backends.speculation.types import DEFAULT_P_MIN
 
 if TYPE_CHECKING:
     from backends.engines.interface import ModelEngine
-    from backends.models.gguf_info import ModelFormat
+    from backends.models.gguf_info import ModelFormat, ModelInfo
+    from backends.models.gguf_to_mlx import ImportProgress
     from backends.service.protocol import EngineKind, LoadRequest
     from backends.speculation.loop import SpeculativeDecoder
     from backends.speculation.methods import SpeculationMethod
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 MEMORY_REFUSAL_FACTOR = 1.5
 _FORMAT_OF_ENGINE: dict[EngineKind, ModelFormat] = {"llama.cpp": "gguf", "mlx": "mlx"}
 _FORMAT_NAMES: dict[ModelFormat, str] = {"gguf": "a GGUF", "mlx": "an MLX"}
+IMPORT_SHARE = 0.4  # of the load's progress bar, when a GGUF draft is imported to MLX first
 
 
 @dataclass
@@ -88,6 +91,18 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
     """
     main_info = read_catalog_model(request.main_path)
     draft_info = read_catalog_model(request.draft_path) if request.draft_path else None
+    draft_path = request.draft_path
+    loads_start = 0.0  # where the loads begin on the progress scale (after an import)
+    # A compatible GGUF draft for an MLX main model: imported (once; later loads reuse it).
+    if (
+        request.engine == "mlx"
+        and draft_info is not None
+        and draft_info.format == "gguf"
+        and compatibility_problem(main_info, draft_info) is None
+    ):
+        draft_path = str(_import_for_mlx(draft_info, progress))
+        draft_info = read_catalog_model(draft_path)
+        loads_start = IMPORT_SHARE
     for info in (main_info, draft_info):
         if info is not None and info.format != _FORMAT_OF_ENGINE[request.engine]:
             wanted = _FORMAT_OF_ENGINE[request.engine]
@@ -112,7 +127,8 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
         if progress is None:
             return None
         report = progress
-        return lambda fraction: report(0.9 * (start + share * fraction), what)
+        span = 0.9 - loads_start
+        return lambda fraction: report(loads_start + span * (start + share * fraction), what)
 
     main = open_engine(
         request.engine,
@@ -123,10 +139,10 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
     )
     draft: ModelEngine | None = None
     try:
-        if draft_info is not None and request.draft_path is not None:
+        if draft_info is not None and draft_path is not None:
             draft = open_engine(
                 request.engine,
-                Path(request.draft_path),
+                Path(draft_path),
                 n_ctx=request.n_ctx,
                 settings=request.risky,
                 is_draft=True,
@@ -144,3 +160,14 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
         main.close()
         raise
     return pair
+
+
+def _import_for_mlx(info: ModelInfo, progress: LoadProgressReport | None) -> Path:
+    """The MLX import of a GGUF draft, made now if it is not there yet."""
+    from backends.models.gguf_to_mlx import ensure_mlx_import
+
+    def report(event: ImportProgress) -> None:
+        if progress is not None:
+            progress(IMPORT_SHARE * event.fraction, f"importing {info.name} to MLX")
+
+    return ensure_mlx_import(Path(info.path), report)

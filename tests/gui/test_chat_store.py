@@ -441,3 +441,14 @@ def test_move_aside_renames_the_file_and_its_wal(db_path: Path) -> None:
     second = ChatStore.move_aside(db_path)
     assert second != moved
     assert second.read_bytes() == b"more garbage"
+
+
+def test_recent_user_messages_are_the_newest_over_every_chat(store: ChatStore) -> None:
+    first, second = store.create_conversation(), store.create_conversation()
+    store.add_message(first, "user", "Write a parser.")
+    store.add_message(second, "system", "Be brief.")
+    store.add_message(second, "user", "Add docstrings.")
+    store.add_message(first, "user", "   ")
+    store.add_message(first, "user", "Write a parser.")  # asked again: listed once, as newest
+    assert store.recent_user_messages(5) == ["Write a parser.", "Add docstrings."]
+    assert store.recent_user_messages(1) == ["Write a parser."]

@@ -1,0 +1,294 @@
+"""Find my fastest setup: the theory's prediction, the trials on real models, the memory."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import pytest
+
+from backends.engines.llama import LlamaEngine, LlamaLoadSettings
+from backends.errors import SettingsError
+from backends.models.catalog import read_catalog_model
+from backends.service.tuning import (
+    SetupTuner,
+    TrialSetup,
+    TuningRow,
+    candidate_setups,
+    expected_tokens,
+    predict_speedup,
+    trial_prompts,
+    winner,
+)
+from backends.service.tuning_memory import RememberedTuning, TuningMemory, machine_key
+from backends.speculation.types import GenerationSettings, SpeculationStats
+from tests.conftest import TEST_CONTEXT
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from backends.engines.interface import ModelEngine
+    from backends.models.gguf_info import ModelInfo
+    from backends.speculation.methods import SpeculationMethod
+
+# How far the prediction may be from the measurement (ratio). The README gives the error
+# measured by the benchmark; this bound only catches a prediction that has lost its way.
+PREDICTION_TOLERANCE = 0.35
+
+
+def test_expected_tokens_is_leviathans_sum() -> None:
+    assert expected_tokens([1.0, 1.0, 1.0], 3) == 4.0
+    assert expected_tokens([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens([0.8], 3) == pytest.approx(1 + 0.8 + 0.64 + 0.512)  # last one on
+    assert expected_tokens([0.9, 0.0, 1.0], 3) == pytest.approx(1.9)  # stopped at position 2
+    assert expected_tokens([], 4) == 1.0
+
+
+def _stats(**fields: object) -> SpeculationStats:
+    stats = SpeculationStats()
+    for name, value in fields.items():
+        setattr(stats, name, value)
+    return stats
+
+
+def test_the_prediction_adds_up_the_measured_parts() -> None:
+    # 10 decode rounds of 3 drafted tokens (and the prompt's round), every token accepted;
+    # drafting took 0.3 s in all for 30 tokens: 10 ms each against a 50 ms main step.
+    stats = _stats(
+        generated_tokens=41,
+        rounds=11,
+        total_draft_tokens_count=30,
+        accepted_draft_tokens_count=30,
+        verified_at_position=[10, 10, 10],
+        accepted_at_position=[10, 10, 10],
+        draft_length_counts={0: 1, 3: 10},
+        draft_seconds=0.3,
+    )
+
+    def verify_cost(size: int) -> float:
+        return 1.0 + 0.25 * (size - 1)  # 4 tokens cost 1.75 single steps
+
+    prediction = predict_speedup(stats, 0.05, verify_cost, draft_name="0.5B", device="this CPU")
+    assert prediction is not None
+    # Per round: 4 tokens for 0.6 steps of drafting (3 x 0.2) and 1.75 of verifying.
+    assert prediction.tokens_per_round == pytest.approx(4.0)
+    assert prediction.main_steps_per_round == pytest.approx(0.6 + 1.75)
+    assert prediction.speedup == pytest.approx(4.0 / 2.35)
+    assert prediction.draft_step_cost == pytest.approx(0.2)
+    assert prediction.ceiling > 1.0
+    assert "100% accepted pays for it" in prediction.explanation
+    assert prediction.explanation.endswith(f"{4.0 / 2.35:.2f}× predicted")
+    # The same acceptance with a draft that costs more than a main step cannot pay.
+    slow = replace(stats, draft_seconds=30 * 0.06)
+    hopeless = predict_speedup(slow, 0.05, verify_cost, draft_name="0.5B", device="this CPU")
+    assert hopeless is not None
+    assert hopeless.ceiling < 1.0
+    assert "even at 100 % acceptance it cannot pay here" in hopeless.explanation
+    # Nothing drafted: nothing to predict.
+    assert predict_speedup(_stats(generated_tokens=9, rounds=9), 0.05, verify_cost) is None
+
+
+def _row(label: str, method: SpeculationMethod, speedup: float) -> TuningRow:
+    return TuningRow(
+        label=label,
+        method=method,
+        draft_path=None,
+        measured=True,
+        skipped="",
+        tokens_per_second=10.0 * speedup,
+        speedup=speedup,
+        speedups=(speedup,),
+        acceptance_rate=None,
+        identical=True,
+        prompts=(),
+        predicted=None,
+        explanation="",
+    )
+
+
+def test_plain_wins_unless_another_setup_clearly_beats_it() -> None:
+    plain = _row("plain", "off", 1.0)
+    assert winner([plain, _row("ngram-mod", "ngram-mod", 1.01)]) == plain
+    faster = _row("auto", "auto", 1.3)
+    assert winner([plain, faster, _row("ngram-mod", "ngram-mod", 1.1)]) == faster
+
+
+def test_the_user_s_own_messages_come_before_the_suite() -> None:
+    assert [p.key for p in trial_prompts()] == ["quicksort", "type-hints", "prose"]
+    own = trial_prompts(["Refactor this.", "  ", "Explain that.", "a", "b"])
+    assert [p.key for p in own] == ["chat 1", "chat 2", "chat 3"]
+    assert own[0].messages[0].content == "Refactor this."
+
+
+@contextlib.contextmanager
+def _draft_opener(info: ModelInfo) -> Iterator[ModelEngine]:
+    with LlamaEngine(info.path, LlamaLoadSettings(n_ctx=TEST_CONTEXT), is_draft=True) as draft:
+        yield draft
+
+
+def test_the_trials_rank_plain_the_lookups_and_the_draft_within_the_budget(
+    smollm_target: LlamaEngine, smollm_path: Path
+) -> None:
+    messages: list[tuple[float, str]] = []
+    tuner = SetupTuner(smollm_target, _draft_opener, progress=lambda f, m: messages.append((f, m)))
+    setups = candidate_setups([read_catalog_model(smollm_path)])
+    budget = 30.0
+    outcome = tuner.run(setups, trial_prompts(), budget_seconds=budget, max_tokens=48)
+    assert not outcome.cancelled
+    assert outcome.seconds <= budget * 1.25  # loads and calibration fit in, roughly
+    rows = {row.label: row for row in outcome.rows}
+    assert set(rows) == {setup.label for setup in setups}
+    plain = rows["plain"]
+    assert plain.measured
+    assert plain.speedup == 1.0
+    draft = rows["draft 135M Q4_1"]
+    for row in (draft, rows["ngram-mod"], rows["ngram-simple"]):
+        assert row.measured, row.skipped
+        assert row.identical  # temperature 0: every setup writes plain decoding's text
+        assert row.tokens_per_second > 0
+        assert row.prompts == tuple(outcome.prompts)
+    assert draft.acceptance_rate == 1.0  # the model drafting for itself
+    assert draft.predicted is not None
+    assert "the 135M draft: its forward pass costs" in draft.explanation
+    assert abs(draft.predicted / (draft.speedup or 1) - 1) < PREDICTION_TOLERANCE
+    fractions = [fraction for fraction, _ in messages]
+    assert fractions == sorted(fractions)
+    assert fractions[-1] == 1.0
+    assert messages[-1][1] == "done"
+    assert outcome.rows == sorted(
+        outcome.rows, key=lambda row: (not row.measured, -(row.speedup or 0))
+    )
+
+
+def test_the_default_pair_is_predicted_within_the_stated_error(
+    qwen_main: LlamaEngine, qwen_draft_path: Path
+) -> None:
+    tuner = SetupTuner(qwen_main, _draft_opener, device="this CPU")
+    draft = read_catalog_model(qwen_draft_path)
+    setups = [TrialSetup("off"), TrialSetup("ngram-mod"), TrialSetup("draft-model", draft)]
+    outcome = tuner.run(setups, trial_prompts()[:2], budget_seconds=60, max_tokens=32)
+    rows = {row.method: row for row in outcome.rows}
+    for method in ("ngram-mod", "draft-model"):
+        row = rows[method]
+        assert row.measured, row.skipped
+        assert row.identical
+        if row.predicted is not None:
+            assert abs(row.predicted / (row.speedup or 1) - 1) < PREDICTION_TOLERANCE, row
+    assert rows["draft-model"].acceptance_rate is not None
+    assert rows["draft-model"].acceptance_rate > 0.5
+
+
+def test_cancel_stops_the_trials_and_the_main_model_answers_after(
+    smollm_target: LlamaEngine, smollm_path: Path
+) -> None:
+    cancel = threading.Event()
+
+    def progress(_fraction: float, message: str) -> None:
+        if message.startswith("ngram-simple"):
+            cancel.set()
+
+    tuner = SetupTuner(smollm_target, _draft_opener, progress=progress, cancel=cancel)
+    setups = candidate_setups([read_catalog_model(smollm_path)])
+    outcome = tuner.run(setups, trial_prompts(), budget_seconds=120, max_tokens=32)
+    assert outcome.cancelled
+    rows = {row.label: row for row in outcome.rows}
+    assert rows["plain"].measured
+    assert rows["ngram-mod"].measured
+    assert rows["ngram-simple"].skipped == "not tried: cancelled"
+    assert rows["draft 135M Q4_1"].skipped == "not tried: cancelled"
+    # Nothing of the trials is left behind: the model answers from an empty cache.
+    assert list(smollm_target.cached_tokens) == []
+    from backends.speculation.loop import SpeculativeDecoder
+
+    prompt = smollm_target.tokenize("Hello", add_special=True, parse_special=False)
+    assert SpeculativeDecoder(smollm_target).run(prompt, GenerationSettings(max_tokens=4)).tokens
+
+
+def test_impossible_trials_are_one_line_errors(smollm_target: LlamaEngine) -> None:
+    tuner = SetupTuner(smollm_target, _draft_opener)
+    with pytest.raises(SettingsError, match="at least 20 seconds"):
+        tuner.run(candidate_setups([]), trial_prompts(), budget_seconds=5)
+    with pytest.raises(SettingsError, match="start with plain decoding"):
+        tuner.run([TrialSetup("ngram-mod")], trial_prompts(), budget_seconds=30)
+
+
+def test_a_result_is_remembered_for_its_model_and_machine(
+    tmp_path: Path, smollm_target: LlamaEngine, smollm_path: Path
+) -> None:
+    memory = TuningMemory(tmp_path / "tuning.json")
+    key = machine_key(smollm_path, smollm_target)
+    assert key.threads == smollm_target.load_report.n_threads
+    assert memory.recall(key) is None
+    tuner = SetupTuner(smollm_target, _draft_opener)
+    outcome = tuner.run([TrialSetup("off")], trial_prompts()[:1], budget_seconds=20)
+    memory.remember(RememberedTuning.of(key, outcome))
+    recall = memory.recall(key)
+    assert recall is not None
+    assert recall.current
+    assert recall.tuning.rows[0].label == "plain"
+    assert recall.tuning.winner is not None
+    # Another thread count: the result is offered as stale, saying what changed.
+    other = replace(key, threads=key.threads + 2)
+    stale = memory.recall(other)
+    assert stale is not None
+    assert not stale.current
+    assert stale.changes == (f"threads {key.threads} → {key.threads + 2}",)
+    # Remembering under the new key keeps both; a corrupt file is an empty memory.
+    memory.remember(replace(recall.tuning, key=other))
+    assert {r.key.threads for r in memory.all()} == {key.threads, key.threads + 2}
+    (tmp_path / "tuning.json").write_text("{not json", encoding="utf-8")
+    assert memory.all() == []
+
+
+def _tune_cli(smollm_path: Path, data_dir: Path, *extra: str) -> dict[str, object]:
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "backends.service.bench",
+            "--tune",
+            "--main",
+            str(smollm_path),
+            "--draft",
+            str(smollm_path),
+            "--budget",
+            "20",
+            "--ctx",
+            str(TEST_CONTEXT),
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**__import__("os").environ, "SPECDECK_DATA_DIR": str(data_dir)},
+    )
+    assert completed.returncode == 0, completed.stderr
+    result: dict[str, object] = json.loads(completed.stdout)
+    return result
+
+
+def test_bench_tune_measures_once_then_recalls_until_the_threads_change(
+    tmp_path: Path, smollm_path: Path
+) -> None:
+    first = _tune_cli(smollm_path, tmp_path, "--threads", "2")
+    assert first["recalled"] is False
+    labels = [row["label"] for row in first["rows"]]  # type: ignore[attr-defined]
+    assert {"plain", "ngram-mod", "draft 135M Q4_1"} <= set(labels)
+    assert first["winner"] is not None
+    drafts = first["drafts"]
+    assert isinstance(drafts, list)
+    assert drafts[0]["reason"] == "the main model itself (self-speculation)"
+    again = _tune_cli(smollm_path, tmp_path, "--threads", "2")
+    assert again["recalled"] is True
+    assert again["rows"] == first["rows"]
+    changed = _tune_cli(smollm_path, tmp_path, "--threads", "1")
+    assert changed["recalled"] is False
+    assert changed["key"]["threads"] == 1  # type: ignore[index]
