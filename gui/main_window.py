@@ -405,7 +405,7 @@ class MainWindow(QMainWindow):
             self.load_gave_up.emit(str(error))
             return
         self._load_notes = (avoided_crash_note(crash),) if crash is not None else ()
-        self.sidebar.set_loading(True)
+        self.sidebar.set_loading(True, request)
         self.client.load(request.with_risky(settings))
         self.status.set_engine_pid(self.client.pid)
         self._update_controls()

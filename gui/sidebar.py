@@ -218,9 +218,16 @@ class Sidebar(QWidget):
             return self._models_panel.method_combo
         return self._settings_form.editors[key]
 
-    def set_loading(self, active: bool) -> None:
-        """Show (or end) a load in progress; the pickers are locked while it runs."""
+    def set_loading(self, active: bool, request: LoadRequest | None = None) -> None:
+        """Show (or end) a load in progress; the pickers are locked while it runs.
+
+        ``request``: what is being loaded, when the load did not come from Load (the
+        start-up load, Reload after a crash), so that a later change of the pickers
+        offers Reload.
+        """
         if active:
+            if request is not None:
+                self._requested = request
             self._state = "loading"
             self._pair_problem = None
             self._load_panel.show_loading()

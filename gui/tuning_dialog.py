@@ -225,7 +225,7 @@ class TuningDialog(QDialog):
     def set_progress(self, fraction: float, message: str) -> None:
         """How far the trials are, and what runs now."""
         self.progress.setValue(round(1000 * fraction))
-        self.status.setText(message[:1].upper() + message[1:] + "…" if message else "")
+        self.status.setText(f"{message}…" if message else "")
 
     def show_result(
         self,

@@ -15,6 +15,7 @@ import pytest
 from backends.engines.interface import ChatMessage
 from backends.engines.llama import LlamaEngine, LlamaLoadSettings
 from backends.engines.load_guard import CRASH_AT_ENV
+from backends.paths import DATA_DIR_ENV
 from backends.service.protocol import (
     GenerateRequest,
     LoadRequest,
@@ -23,6 +24,7 @@ from backends.service.protocol import (
     stats_from_wire,
     tokens_from_wire,
 )
+from backends.service.tuning_memory import RememberedTuning
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.types import GenerationSettings, TokenOrigin
 from tests.conftest import TEST_CONTEXT
@@ -389,3 +391,77 @@ def test_the_local_api_says_when_its_port_is_taken(engine_process: EngineProcess
     assert error["type"] == "error"
     assert "give an API key" in error["message"]
     assert engine_process.close() == 0
+
+
+def _tune(request_id: int, drafts: list[str], **options: Any) -> dict[str, Any]:
+    return {
+        "type": "tune",
+        "request_id": request_id,
+        "budget_seconds": options.pop("budget_seconds", 20),
+        "drafts": drafts,
+        "prompts": options.pop("prompts", ["Write a haiku about rain."]),
+        **options,
+    }
+
+
+def test_tuning_runs_in_the_engine_process_and_is_remembered(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, smollm_path: Path
+) -> None:
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
+    engine = EngineProcess()
+    try:
+        assert engine.next_event()["type"] == "ready"
+        request = LoadRequest(str(smollm_path), str(smollm_path), method="auto", n_ctx=1024)
+        engine.send(load_command(request))
+        assert engine.until("loaded", "error")[-1]["type"] == "loaded"
+        engine.send(_tune(5, [], recall_only=True))
+        nothing = engine.until("tuned", "error")[-1]
+        assert nothing["type"] == "tuned"
+        assert nothing["result"] is None
+        # The loaded draft is a candidate too: reused, not loaded a second time.
+        engine.send(_tune(6, [str(smollm_path)], again=True))
+        events = engine.until("tuned", "error")
+        assert events[-1]["type"] == "tuned", events[-1]
+        assert not any(e["type"] == "load_stage" for e in events)
+        progress = [e["fraction"] for e in events if e["type"] == "tune_progress"]
+        assert progress == sorted(progress)
+        assert progress[-1] == 1.0
+        result = RememberedTuning.from_json(events[-1]["result"])
+        labels = {row.label for row in result.rows if row.measured}
+        assert {"plain", "ngram-mod", "auto + 135M Q4_1", "draft 135M Q4_1"} <= labels
+        assert result.prompts == ("chat 1",)
+        assert (tmp_path / "tuning.json").is_file()
+        engine.send(_tune(7, [str(smollm_path)]))
+        recalled = engine.until("tuned", "error")[-1]
+        assert recalled["recalled"] is True
+        assert RememberedTuning.from_json(recalled["result"]).rows == result.rows
+        # The loaded pair is as it was: it still answers, with its draft.
+        engine.send(_ask("Say hi.", request_id=8, max_tokens=8))
+        assert engine.until("finished", "error")[-1]["type"] == "finished"
+    finally:
+        engine.close()
+
+
+def test_a_crash_while_loading_a_trial_draft_ends_the_process_like_an_answer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, smollm_path: Path
+) -> None:
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(CRASH_AT_ENV, "draft-model")  # fault injection: the trial draft's load
+    engine = EngineProcess()
+    try:
+        assert engine.next_event()["type"] == "ready"
+        engine.send(load_command(LoadRequest(str(smollm_path), method="ngram-mod", n_ctx=1024)))
+        assert engine.until("loaded", "error")[-1]["type"] == "loaded"
+        engine.send(_tune(3, [str(smollm_path)]))
+        events = []
+        while (event := engine.events.get(timeout=EVENT_TIMEOUT)) is not None:
+            events.append(event)
+        stages = [e["stage"] for e in events if e["type"] == "load_stage"]
+        assert stages == ["draft-model"]
+        assert not any(e["type"] == "tuned" for e in events)
+        assert engine.process.wait(timeout=30) == -signal.SIGSEGV
+        assert not (tmp_path / "tuning.json").exists()  # nothing half-measured is remembered
+    finally:
+        if engine.process.poll() is None:
+            engine.process.kill()
+            engine.process.wait()

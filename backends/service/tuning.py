@@ -457,7 +457,8 @@ class SetupTuner:
         single = verify_costs.cost(1)
 
         def verify_cost(size: int) -> float:
-            return verify_costs.cost(size) / single if single > 0 else float(size)
+            # A bigger batch never costs less than one token (the timings are noisy).
+            return max(1.0, verify_costs.cost(size) / single) if single > 0 else float(size)
 
         # A short plain run (a warm-up too) sizes the trials: tokens and prompts cut to fit.
         tokens = max_tokens
