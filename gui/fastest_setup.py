@@ -13,12 +13,14 @@ Signals:
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
 from backends.service.tuning import MAX_TRIAL_PROMPTS, SUITE_TRIAL_KEYS
+from backends.service.tuning_memory import TuningMemory, machine_key
 from backends.speculation.methods import parse_method
 from gui.tuning_dialog import TuningDialog
 
@@ -27,12 +29,30 @@ if TYPE_CHECKING:
 
     from PySide6.QtWidgets import QWidget
 
+    from backends.engines.interface import LoadReport
     from backends.models.draft_verdict import DraftVerdict
     from backends.service.protocol import LoadRequest
-    from backends.service.tuning_memory import RememberedTuning
+    from backends.service.tuning_memory import Recall, RememberedTuning
     from gui.chat_store import ChatStore
     from gui.engine_client import EngineClient
     from gui.sidebar import Sidebar
+
+
+def tuning_hint(recall: Recall | None) -> str:
+    """The sidebar's line: "Fastest here: ngram-mod, 1.34× plain (measured 2026-12-01)"."""
+    if recall is None:
+        return ""
+    when = time.strftime("%Y-%m-%d", time.localtime(recall.tuning.measured_at))
+    if recall.changes:
+        return f"Fastest setup measured {when} with {'; '.join(recall.changes)}: find it again"
+    best = recall.tuning.winner
+    if best is None:
+        return ""
+    if best.method == "off":
+        return f"Fastest here: plain decoding (measured {when})"
+    speedup = f"{best.speedup:.2f}× plain" if best.speedup is not None else ""
+    return f"Fastest here: {best.label}, {speedup} (measured {when})"
+
 
 NO_ANSWER_WHILE = "an answer is being written: wait for it (or stop it), then start"
 
@@ -50,6 +70,7 @@ class FastestSetupFinder(QObject):
         window: QWidget,
         is_answering: Callable[[], bool],
         loaded_request: Callable[[], LoadRequest | None],
+        loaded_main: Callable[[], LoadReport | None],
     ) -> None:
         super().__init__(window)
         self._client = client
@@ -62,10 +83,14 @@ class FastestSetupFinder(QObject):
         self._prompts: list[str] = []
         self._is_answering = is_answering
         self._loaded_request = loaded_request
+        self._loaded_main = loaded_main
         client.tune_progress.connect(self._on_progress)
         client.tuned.connect(self._on_tuned)
         client.failed.connect(self._on_failed)
         client.crashed.connect(self._on_crashed)
+        client.loaded.connect(lambda _pair: self.refresh_hint())
+        client.unloaded.connect(lambda: sidebar.set_tuning_hint(""))
+        client.crashed.connect(lambda *_: sidebar.set_tuning_hint(""))
 
     @property
     def dialog(self) -> TuningDialog | None:
@@ -112,6 +137,15 @@ class FastestSetupFinder(QObject):
         if not self.running:
             self._send(recall_only=True, budget=0.0)
 
+    def refresh_hint(self) -> None:
+        """Say under the draft picker what was measured fastest for the loaded main model."""
+        request, report = self._loaded_request(), self._loaded_main()
+        if request is None or report is None:
+            self._sidebar.set_tuning_hint("")
+            return
+        recall = TuningMemory().recall(machine_key(request.main_path, report, request.engine))
+        self._sidebar.set_tuning_hint(tuning_hint(recall))
+
     def start(self, budget: float) -> None:
         """Run the trials with this time budget."""
         if self.running:
@@ -153,6 +187,8 @@ class FastestSetupFinder(QObject):
         if recalled and self.running:
             return  # a recall answered while trials were asked for: the trials' result follows
         self._finish()
+        if not recalled and not cancelled:
+            self.refresh_hint()
         if self._dialog is not None:
             self._dialog.show_result(
                 tuning, recalled=recalled, cancelled=cancelled, changes=changes

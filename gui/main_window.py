@@ -310,6 +310,7 @@ class MainWindow(QMainWindow):
             self,
             is_answering=lambda: self.answer is not None,
             loaded_request=lambda: self.last_load if self.loaded is not None else None,
+            loaded_main=lambda: self.loaded.main if self.loaded is not None else None,
         )
         self.fastest_setup.running_changed.connect(lambda _running: self._update_controls())
         self.sidebar.tune_requested.connect(self.fastest_setup.open)

@@ -200,6 +200,10 @@ class ModelsPanel(QWidget):
         layout.addWidget(self._draft_combo)
         self._draft_card = _card()
         layout.addWidget(self._draft_card)
+        self.tuning_hint = muted_label()
+        self.tuning_hint.setObjectName("tuningHint")
+        self.tuning_hint.setToolTip("What Find my fastest setup measured for the loaded model")
+        layout.addWidget(self.tuning_hint)
 
         method_spec = setting_spec("speculation_method")
         self.method_combo = CalmComboBox()

@@ -194,6 +194,12 @@ class Sidebar(QWidget):
             engine=self._models_panel.selected_engine(),
         )
 
+    def set_tuning_hint(self, text: str) -> None:
+        """The line under the draft picker saying what was measured fastest ("" hides it)."""
+        hint = self._models_panel.tuning_hint
+        hint.setText(text)
+        hint.setVisible(bool(text))
+
     def draft_verdicts(
         self, main: ModelInfo | None = None, *, main_loaded: bool = False
     ) -> list[DraftVerdict]:

@@ -86,10 +86,15 @@ def test_the_prediction_adds_up_the_measured_parts() -> None:
     assert prediction.explanation.endswith(f"{4.0 / 2.35:.2f}× predicted")
     # The same acceptance with a draft that costs more than a main step cannot pay.
     slow = replace(stats, draft_seconds=30 * 0.06)
-    hopeless = predict_speedup(slow, 0.05, verify_cost, draft_name="0.5B", device="this CPU")
+    hopeless = predict_speedup(
+        slow, 0.05, verify_cost, draft_name="0.5B", draft_forward_cost=0.5, device="this CPU"
+    )
     assert hopeless is not None
     assert hopeless.ceiling < 1.0
     assert "even at 100 % acceptance it cannot pay here" in hopeless.explanation
+    assert "its forward pass costs 50% of a main step on this CPU" in hopeless.explanation
+    # With verification as cheap as a GPU makes it, 16 drafted tokens would pay: 17 / 9.
+    assert f"as on a GPU, it could reach {17 / 9:.2f}×" in hopeless.explanation
     # Nothing drafted: nothing to predict.
     assert predict_speedup(_stats(generated_tokens=9, rounds=9), 0.05, verify_cost) is None
 
@@ -222,7 +227,7 @@ def test_a_result_is_remembered_for_its_model_and_machine(
     tmp_path: Path, smollm_target: LlamaEngine, smollm_path: Path
 ) -> None:
     memory = TuningMemory(tmp_path / "tuning.json")
-    key = machine_key(smollm_path, smollm_target)
+    key = machine_key(smollm_path, smollm_target.load_report)
     assert key.threads == smollm_target.load_report.n_threads
     assert memory.recall(key) is None
     tuner = SetupTuner(smollm_target, _draft_opener)

@@ -346,7 +346,7 @@ class EngineServer:
         self._cancel.clear()
         request = pair.request
         memory = TuningMemory()
-        key = machine_key(request.main_path, pair.main, request.engine)
+        key = machine_key(request.main_path, pair.main.load_report, request.engine)
         recall = memory.recall(key)
         if command.get("recall_only") or (
             recall is not None and recall.current and not command.get("again")

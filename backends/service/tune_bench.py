@@ -76,7 +76,7 @@ def run_tune(
         verdicts = draft_verdicts(
             main_info, candidates, free_memory=available_memory(), n_ctx=n_ctx, main_loaded=True
         )
-        key = machine_key(main_path, main, engine)
+        key = machine_key(main_path, main.load_report, engine)
         recall = memory.recall(key)
         if recall is not None and recall.current and not again and prompt is None:
             return recall.tuning, verdicts, True

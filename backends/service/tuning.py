@@ -221,6 +221,12 @@ def predict_speedup(
         )
         if ceiling < 1.0:
             said += f"; even at 100 % acceptance it cannot pay here (at most {ceiling:.2f}×)"
+            gpu_like = _flat_verify_ceiling(draft_forward_cost)
+            if device == "this CPU" and gpu_like is not None and gpu_like > 1.0:
+                said += (
+                    f"; where checking a batch costs one step, as on a GPU, it could reach "
+                    f"{gpu_like:.2f}×"
+                )
         elif speedup < 1.0:
             said += f"; it would pay with more accepted than the {accepted:.0%} measured"
         else:
@@ -612,6 +618,13 @@ class SetupTuner:
     def _report(self, fraction: float, message: str) -> None:
         if self._progress is not None:
             self._progress(min(1.0, fraction), message)
+
+
+def _flat_verify_ceiling(forward_cost: float | None) -> float | None:
+    """The best speedup at 100 % acceptance if verifying any batch cost one main step."""
+    if forward_cost is None:
+        return None
+    return max((k + 1) / (k * forward_cost + 1.0) for k in CEILING_DRAFT_LENGTHS)
 
 
 def predict_setup(

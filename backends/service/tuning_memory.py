@@ -23,7 +23,7 @@ from backends.paths import user_data_dir
 from backends.service.tuning import TuningRow, winner
 
 if TYPE_CHECKING:
-    from backends.engines.interface import ModelEngine
+    from backends.engines.interface import LoadReport
     from backends.service.protocol import EngineKind
     from backends.service.tuning import TuningOutcome
 
@@ -59,15 +59,17 @@ class TuningKey:
 
 
 def machine_key(
-    main_path: Path | str, main: ModelEngine, engine: EngineKind = "llama.cpp"
+    main_path: Path | str, report: LoadReport, engine: EngineKind = "llama.cpp"
 ) -> TuningKey:
-    """The key of results measured on ``main`` (loaded from ``main_path``) on this machine."""
+    """The key of results measured on this machine on the main model at ``main_path``.
+
+    ``report`` is its load report: the device it ran on and the threads.
+    """
     path = Path(main_path)
     try:
         size = path.stat().st_size if path.is_file() else _folder_size(path)
     except OSError:
         size = -1
-    report = main.load_report
     return TuningKey(
         main_path=str(path.resolve()),
         main_size=size,

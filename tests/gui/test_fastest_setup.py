@@ -85,6 +85,9 @@ def test_the_trials_run_rank_and_apply_the_fastest_setup(
     assert window.send_button.isEnabled()
     best = tuned.args[0].winner
     assert best is not None
+    hint = window.sidebar.findChild(type(dialog.status), "tuningHint")
+    assert hint is not None
+    assert hint.text().startswith("Fastest here: ")
     assert dialog.use_button.isEnabled()
     # Use it: the sidebar picks the winner and loads it.
     with engine_wait(qtbot, window.client, window.models_loaded, LOAD_TIMEOUT_MS):
@@ -93,6 +96,7 @@ def test_the_trials_run_rank_and_apply_the_fastest_setup(
     assert window.loaded is not None
     assert window.loaded.method == best.method
     assert window.sidebar.selected_draft_choice() != str(smollm_path)
+    assert hint.text().startswith("Fastest here: ")  # still true of the model now loaded
     # Opened again, the result is the one remembered for this model and machine.
     dialog = _open_dialog(qtbot, window)
     assert dialog.status.text().startswith("Measured ")
