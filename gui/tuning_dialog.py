@@ -45,7 +45,16 @@ if TYPE_CHECKING:
     from backends.service.tuning_memory import RememberedTuning
 
 MAX_BUDGET_SECONDS = 1800
-RESULT_COLUMNS = ("Setup", "tok/s", "× plain", "Spread", "Accepted", "Predicted", "Same text")
+RESULT_COLUMNS = (
+    "Setup",
+    "tok/s",
+    "× plain",
+    "Spread",
+    "Accepted",
+    "Predicted",
+    "Same text",
+    "Why",
+)
 DRAFT_COLUMNS = ("Model", "Verdict", "Why")
 BUDGET_TOOLTIP = (
     "How long the trials may take. Each setup answers the same prompts; a short budget "
@@ -314,6 +323,7 @@ class TuningDialog(QDialog):
                 "–" if row.acceptance_rate is None else f"{row.acceptance_rate:.0%}",
                 _times(row.predicted),
                 "yes" if row.identical else "NO",
+                row.explanation,
             )
             for column, text in enumerate(cells, start=1):
                 self.results.setItem(index, column, _cell(text, tip, right=column < 6))

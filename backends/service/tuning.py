@@ -55,8 +55,8 @@ WINNER_MARGIN = 0.02  # a setup must beat plain by this much to be called faster
 NGRAM_METHODS: tuple[SpeculationMethod, ...] = ("ngram-mod", "edit-copy", "ngram-simple")
 # The lengths the ceiling ("even at 100 % acceptance") is searched over.
 CEILING_DRAFT_LENGTHS = range(1, 17)
-# Speculation is not slower than plain by more than this, estimated for the budget.
-SLOWEST_TRIAL_FACTOR = 1.15
+# Trials are budgeted at plain decoding's pace times this (lookups are faster, drafts slower).
+SLOWEST_TRIAL_FACTOR = 1.05
 
 
 # -- what is tried ------------------------------------------------------------------------------
@@ -531,7 +531,7 @@ class SetupTuner:
         while (
             tokens > MIN_TRIAL_TOKENS and setup_count * run_seconds(encoded, tokens) > seconds_left
         ):
-            tokens = max(MIN_TRIAL_TOKENS, int(tokens * 0.8))
+            tokens = max(MIN_TRIAL_TOKENS, int(tokens * 0.9))
         while len(encoded) > 1 and setup_count * run_seconds(encoded, tokens) > seconds_left:
             encoded = encoded[:-1]
         return tokens, encoded
