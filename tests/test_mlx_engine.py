@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[mlx-cpu]')")
 
+from backends.engines.interface import ChatMessage
 from backends.engines.mlx import PREFILL_CHUNK, MlxEngine
 from backends.engines.selection import open_engine
 from backends.errors import ModelFileError
@@ -33,6 +35,8 @@ from tests.conftest import user, write_tiny_mlx_folder
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
+
+    from backends.models.gguf_info import ModelInfo
 
 TINY_CONTEXT = 1024
 GREEDY_TOKENS = 48
@@ -358,3 +362,25 @@ def test_a_gguf_draft_for_an_mlx_main_is_imported_at_load(
         assert (tmp_path / "models" / "mlx" / smollm_path.stem).is_dir()
     finally:
         pair.close()
+
+
+def test_the_tuner_ranks_mlx_setups_through_the_same_trials(
+    main_engine: MlxEngine, tiny_mlx_draft: Path
+) -> None:
+    from backends.service.tuning import SetupTuner, TrialPrompt, candidate_setups
+
+    @contextlib.contextmanager
+    def open_draft(info: ModelInfo) -> Iterator[MlxEngine]:
+        with MlxEngine(info.path, n_ctx=TINY_CONTEXT, is_draft=True) as draft:
+            yield draft
+
+    tuner = SetupTuner(main_engine, open_draft)
+    prompts = [TrialPrompt("loop", (ChatMessage("user", "for i in range(10):"),))]
+    setups = candidate_setups([read_catalog_model(tiny_mlx_draft)])
+    outcome = tuner.run(setups, prompts, budget_seconds=60, max_tokens=24)
+    rows = {row.label: row for row in outcome.rows}
+    assert rows["plain"].measured
+    drafted = [row for row in rows.values() if row.method == "draft-model"]
+    assert len(drafted) == 1
+    assert drafted[0].measured, drafted[0].skipped
+    assert all(row.identical for row in rows.values() if row.measured)
