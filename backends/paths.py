@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
@@ -24,3 +26,14 @@ def models_dir() -> Path:
     """SpecDeck's own model folder (``$SPECDECK_MODELS_DIR`` wins, else ``<data dir>/models``)."""
     override = os.environ.get(MODELS_DIR_ENV)
     return Path(override) if override else user_data_dir() / "models"
+
+
+def write_json_atomically(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and a rename.
+
+    A reader never sees half a file, and a crash mid-write leaves the old one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+    os.replace(temporary, path)

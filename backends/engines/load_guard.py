@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal
 
 from backends.engines.weight_placement import cpu_flags, cpu_model_name
 from backends.errors import SpecDeckError
-from backends.paths import user_data_dir
+from backends.paths import user_data_dir, write_json_atomically
 
 if TYPE_CHECKING:
     from backends.engines.weight_placement import WeightRepacking
@@ -262,11 +262,8 @@ class CrashRecords:
         return count
 
     def _write(self, crashes: list[LoadCrash]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         data = {"version": _RECORDS_VERSION, "crashes": [asdict(c) for c in crashes]}
-        temporary.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(temporary, self.path)
+        write_json_atomically(self.path, data)
 
 
 def _first_match(

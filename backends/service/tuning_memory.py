@@ -12,14 +12,13 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backends.engines.load_guard import cpu_identity, engine_build
-from backends.paths import user_data_dir
+from backends.paths import user_data_dir, write_json_atomically
 from backends.service.tuning import TuningRow, winner
 
 if TYPE_CHECKING:
@@ -201,8 +200,5 @@ class TuningMemory:
         dropped = same_main[: max(0, len(same_main) - (_KEPT_PER_MAIN - 1))]
         kept = [record for record in kept if record not in dropped]
         kept.append(tuning)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         data = {"version": _FILE_VERSION, "results": [record.to_json() for record in kept]}
-        temporary.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
-        os.replace(temporary, self.path)
+        write_json_atomically(self.path, data)

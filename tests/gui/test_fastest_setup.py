@@ -12,9 +12,9 @@ from PySide6.QtTest import QTest
 
 from backends.engines.load_guard import CRASH_AT_ENV
 from backends.paths import MODELS_DIR_ENV
-from gui.main_window import MainWindow
 from gui.settings import DRAFT_CHOICE_NGRAM, AppSettings
 from tests.gui.conftest import engine_wait, smollm_pair_settings
+from tests.gui.test_main_window import LOAD_TIMEOUT_MS, _open_window
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -22,19 +22,10 @@ if TYPE_CHECKING:
 
     from pytestqt.qtbot import QtBot
 
+    from gui.main_window import MainWindow
     from gui.tuning_dialog import TuningDialog
 
-LOAD_TIMEOUT_MS = 120_000
 TUNE_TIMEOUT_MS = 240_000
-
-
-def _open_window(qtbot: QtBot, settings: AppSettings) -> MainWindow:
-    window = MainWindow(settings, offer_first_run=False)
-    qtbot.addWidget(window)
-    window.show()
-    with engine_wait(qtbot, window.client, window.models_loaded, LOAD_TIMEOUT_MS):
-        window.load_when_scanned()
-    return window
 
 
 @pytest.fixture
