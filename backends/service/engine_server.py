@@ -379,13 +379,13 @@ class EngineServer:
             finally:
                 draft.close()
 
-        last_sent = 0.0
+        last_sent, last_message = 0.0, ""
 
         def progress(fraction: float, message: str) -> None:
-            nonlocal last_sent
+            nonlocal last_sent, last_message
             now = time.monotonic()
-            if now - last_sent >= PROGRESS_EVENT_INTERVAL or fraction >= 1.0:
-                last_sent = now
+            if now - last_sent >= PROGRESS_EVENT_INTERVAL or message != last_message:
+                last_sent, last_message = now, message
                 self.emit("tune_progress", fraction=round(fraction, 4), message=message)
 
         tuner = SetupTuner(

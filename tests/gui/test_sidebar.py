@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
 import gui.sidebar as sidebar_module
 from backends.engines.interface import LoadReport
 from backends.errors import SettingsError
-from backends.models.catalog import CatalogScan, ScanProblem, scan_models
+from backends.models.catalog import CatalogScan, ScanProblem, read_catalog_model, scan_models
 from backends.paths import models_dir
 from backends.service.protocol import LoadRequest
 from gui.settings import DRAFT_CHOICE_NGRAM, DRAFT_CHOICE_OFF, SETTINGS, AppSettings
@@ -553,6 +553,35 @@ def test_choosing_mlx_lists_only_mlx_folders_and_goes_into_the_request(
     assert request.main_path == str(tiny_mlx_main)
     pick(combo(widget, "enginePicker"), "llama.cpp")
     assert main_picker.count() == gguf_count
+
+
+def test_an_mlx_main_offers_its_gguf_twin_as_a_draft_imported_at_load(
+    qtbot: QtBot,
+    settings: AppSettings,
+    smollm_mlx: Path,
+    smollm_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sidebar_module, "mlx_available", lambda: True)
+    gguf, mlx_folder = read_catalog_model(smollm_path), read_catalog_model(smollm_mlx)
+    widget = Sidebar(settings)
+    qtbot.addWidget(widget)
+    widget.set_catalog(CatalogScan((gguf, mlx_folder), ()))
+    pick(combo(widget, "enginePicker"), "mlx")
+    pick(combo(widget, "mainPicker"), smollm_mlx)
+    assert draft_enabled(widget, smollm_path)
+    picker = combo(widget, "draftPicker")
+    assert picker.itemText(draft_row(widget, smollm_path)).endswith("· imported to MLX on load")
+    pick(picker, smollm_path)
+    request = widget.load_request()
+    assert request.engine == "mlx"
+    assert request.draft_path == str(smollm_path)  # the load imports it (open_pair)
+    # For a GGUF main model the MLX folder is listed, greyed, with the reason.
+    pick(combo(widget, "enginePicker"), "llama.cpp")
+    pick(combo(widget, "mainPicker"), smollm_path)
+    assert not draft_enabled(widget, smollm_mlx)
+    tooltip = draft_tooltip(widget, smollm_mlx)
+    assert tooltip.startswith("cannot draft: an MLX folder and the main model is a GGUF file")
 
 
 def test_a_pending_system_prompt_is_saved_on_hide(sidebar: Sidebar, settings: AppSettings) -> None:
