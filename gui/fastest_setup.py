@@ -54,6 +54,7 @@ def tuning_hint(recall: Recall | None) -> str:
     return f"Fastest here: {best.label}, {speedup} (measured {when})"
 
 
+NO_PAIR_LOADED = "no model is loaded (the engine stopped?): load the pair again, then start"
 NO_ANSWER_WHILE = "an answer is being written: wait for it (or stop it), then start"
 
 
@@ -150,9 +151,14 @@ class FastestSetupFinder(QObject):
         """Run the trials with this time budget."""
         if self.running:
             return
-        if self._is_answering():
+        problem = ""
+        if self._loaded_request() is None:
+            problem = NO_PAIR_LOADED
+        elif self._is_answering():
+            problem = NO_ANSWER_WHILE
+        if problem:
             if self._dialog is not None:
-                self._dialog.show_error(NO_ANSWER_WHILE)
+                self._dialog.show_error(problem)
             return
         self._send(recall_only=False, budget=budget)
         if self._dialog is not None:

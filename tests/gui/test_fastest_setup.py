@@ -152,5 +152,9 @@ def test_a_crash_during_a_trial_is_the_crash_path_and_the_chats_stay(
         assert dialog.start_button.isEnabled()
         assert window.crash_banner.isVisible()
         assert window.store.messages(conversation)[0].content == "Write a haiku about rain."
+        # Run again with no engine: one line, and the dialog is not left waiting.
+        QTest.mouseClick(dialog.start_button, Qt.MouseButton.LeftButton)
+        assert dialog.status.text().startswith("The trials stopped: no model is loaded")
+        assert not window.fastest_setup.running
     finally:
         window.shutdown()
