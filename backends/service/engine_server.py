@@ -78,7 +78,7 @@ from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.types import GenerationResult
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from backends.engines.hardware import ComputeDevice
     from backends.engines.interface import ModelEngine
@@ -196,11 +196,8 @@ class EngineServer:
             log.exception("%s failed", kind)
             self._error(f"{kind} failed: {type(error).__name__}: {error}", request_id)
 
-    # -- commands ----------------------------------------------------------------------------
-
-    def _load(self, request: LoadRequest) -> None:
-        started = time.perf_counter()
-        self._unload()
+    def _progress_events(self, event_type: str) -> Callable[[float, str], None]:
+        """A progress callback that emits ``event_type``: at a new step, else every 0.1 s."""
         last_sent, last_message = 0.0, ""
 
         def progress(fraction: float, message: str) -> None:
@@ -208,8 +205,16 @@ class EngineServer:
             now = time.monotonic()
             if now - last_sent >= PROGRESS_EVENT_INTERVAL or message != last_message:
                 last_sent, last_message = now, message
-                self.emit("load_progress", fraction=round(fraction, 4), message=message)
+                self.emit(event_type, fraction=round(fraction, 4), message=message)
 
+        return progress
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def _load(self, request: LoadRequest) -> None:
+        started = time.perf_counter()
+        self._unload()
+        progress = self._progress_events("load_progress")
         self._loading = True
         try:
             pair = open_pair(request, progress)
@@ -379,20 +384,11 @@ class EngineServer:
             finally:
                 draft.close()
 
-        last_sent, last_message = 0.0, ""
-
-        def progress(fraction: float, message: str) -> None:
-            nonlocal last_sent, last_message
-            now = time.monotonic()
-            if now - last_sent >= PROGRESS_EVENT_INTERVAL or message != last_message:
-                last_sent, last_message = now, message
-                self.emit("tune_progress", fraction=round(fraction, 4), message=message)
-
         tuner = SetupTuner(
             pair.main,
             open_draft,
             costs=pair.costs,
-            progress=progress,
+            progress=self._progress_events("tune_progress"),
             cancel=self._cancel,
             device=device_words(pair.main),
         )

@@ -289,24 +289,24 @@ class TrialResult:
         """Whether every prompt's text equals plain decoding's."""
         return all(run.identical for run in self.runs)
 
-    def to_json(self) -> dict[str, Any]:
-        """The row as the engine process sends it and the memory keeps it."""
+    def row(self) -> TuningRow:
+        """The result as the table, the engine process's events and the memory hold it."""
         prediction = self.prediction
-        return {
-            "label": self.setup.label,
-            "method": self.setup.method,
-            "draft_path": self.setup.draft_path,
-            "measured": self.measured,
-            "skipped": self.skipped,
-            "tokens_per_second": round(self.tokens_per_second, 3),
-            "speedup": None if self.speedup is None else round(self.speedup, 4),
-            "speedups": [round(value, 4) for value in self.speedups],
-            "acceptance_rate": self.acceptance_rate,
-            "identical": self.identical,
-            "prompts": [run.prompt for run in self.runs],
-            "predicted": None if prediction is None else round(prediction.speedup, 4),
-            "explanation": "" if prediction is None else prediction.explanation,
-        }
+        return TuningRow(
+            label=self.setup.label,
+            method=self.setup.method,
+            draft_path=self.setup.draft_path,
+            measured=self.measured,
+            skipped=self.skipped,
+            tokens_per_second=round(self.tokens_per_second, 3),
+            speedup=None if self.speedup is None else round(self.speedup, 4),
+            speedups=tuple(round(value, 4) for value in self.speedups),
+            acceptance_rate=self.acceptance_rate,
+            identical=self.identical,
+            prompts=tuple(run.prompt for run in self.runs),
+            predicted=None if prediction is None else round(prediction.speedup, 4),
+            explanation="" if prediction is None else prediction.explanation,
+        )
 
 
 @dataclass(frozen=True)
@@ -329,7 +329,7 @@ class TuningRow:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TuningRow:
-        """Read a row written by :meth:`TrialResult.to_json`."""
+        """Read a row written as JSON (``dataclasses.asdict`` of a row)."""
         return cls(
             label=str(data["label"]),
             method=data["method"],
@@ -398,7 +398,7 @@ class TuningOutcome:
     @property
     def rows(self) -> list[TuningRow]:
         """The results as rows, ranked."""
-        return ranked([TuningRow.from_json(result.to_json()) for result in self.results])
+        return ranked([result.row() for result in self.results])
 
 
 class SetupTuner:
