@@ -1,7 +1,8 @@
 """SpecDeck's entry point: ``specdeck`` opens the window (the engine runs in a child process).
 
 ``specdeck serve …`` runs the OpenAI-compatible local API without a window
-(:mod:`backends.service.serve_cli`).
+(:mod:`backends.service.serve_cli`); ``specdeck worker …`` lends this machine to another
+SpecDeck's main model (:mod:`backends.service.worker_cli`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ LOG_FILE = "specdeck.log"
 PIP_FLAG = "--pip"  # must match backends.models.provision's frozen download command
 MODELS_FLAG = "--models"  # the frozen app's specdeck-models: "specdeck --models fetch …"
 SERVE_COMMAND = "serve"  # "specdeck serve --port 8765": the local API, no window
+WORKER_COMMAND = "worker"  # "specdeck worker --port 50052": llama.cpp's RPC server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         from backends.service.serve_cli import main as serve_main
 
         return serve_main(arguments[1:])
+    if arguments[:1] == [WORKER_COMMAND]:
+        from backends.service.worker_cli import main as worker_main
+
+        return worker_main(arguments[1:])
     args = build_parser().parse_args(arguments)
     if args.engine_server:
         from backends.service.engine_server import main as serve

@@ -27,6 +27,7 @@ from backends.service.protocol import (
     load_command,
     stats_from_wire,
     tokens_from_wire,
+    worker_reports,
 )
 from backends.service.tuning_memory import RememberedTuning
 
@@ -90,6 +91,9 @@ def _report(raw: dict[str, Any]) -> LoadReport:
             **raw,
             "notes": tuple(raw.get("notes", ())),
             "weight_buffers": tuple(raw.get("weight_buffers", ())),
+            "layer_placement": tuple(
+                (str(where), int(count)) for where, count in raw.get("layer_placement", ())
+            ),
         }
     )
 
@@ -143,6 +147,7 @@ class EngineClient(QObject):
     api_queue = Signal(int)
     tune_progress = Signal(float, str)
     tuned = Signal(object, bool, bool, list)
+    workers = Signal(object)  # tuple[WorkerReport, ...]: the main model's workers now
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -361,6 +366,8 @@ class EngineClient(QObject):
             if event.get("request_id") is None:
                 self.load_in_flight = None  # a load (or unload) that failed cleanly
             self.failed.emit(str(event["message"]), event.get("request_id"))
+        elif kind == "workers":
+            self.workers.emit(worker_reports(event))
         elif kind == "ready":
             self.engines = list(event["engines"])
             self.ready.emit(self.engines)

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.engines.interface import ChatMessage
+from backends.engines.interface import LOCAL_CPU_PLACE, ChatMessage
 from backends.engines.load_guard import (
     SAFEST,
     SAFEST_DESCRIPTION,
@@ -57,6 +57,7 @@ from gui.sidebar import Sidebar
 from gui.status_bar import ResourceStatusBar, format_bytes
 from gui.style import ERROR_TEXT
 from gui.transcript import spans_from_tokens
+from gui.worker_loss import WorkerProbe, mentions_rpc_failure
 
 if TYPE_CHECKING:
     from backends.service.protocol import RunKind
@@ -69,6 +70,7 @@ SAVE_ANSWER_INTERVAL_MS = 500  # how often a streaming answer is written to the 
 WINDOW_STATE_FILE = "window.ini"
 EMPTY_CHAT_HINT = "Load a model pair in the sidebar, then ask something."
 READY_CHAT_HINT = "Ask something below; the draft's accepted tokens show in green."
+RELOAD_TEXT = "Reload models"
 
 
 class MessageInput(QPlainTextEdit):
@@ -141,6 +143,13 @@ class MainWindow(QMainWindow):
         self.crash_records = CrashRecords()
         self._load_notes: tuple[str, ...] = ()  # why the load differs from what was asked
         self._retried_crash = ""  # the crash the load under way retries after
+        # A llama.cpp RPC worker of the last load that went away: Reload offers the pair
+        # without it, in a fresh engine process.
+        self._lost_worker: str | None = None
+        self._worker_probe: WorkerProbe | None = None
+        # The engine process lost a worker: it keeps llama.cpp's leftovers of that link, so
+        # the next load starts a fresh one.
+        self._restart_engine_before_load = False
         self.answer: _Answer | None = None
         self.conversation_id: int | None = None
         self._scan_task: BackgroundTask | None = None
@@ -192,7 +201,7 @@ class MainWindow(QMainWindow):
         self.crash_label = QLabel()
         self.crash_label.setWordWrap(True)
         self.crash_label.setStyleSheet(f"color: {ERROR_TEXT.name()}")
-        self.reload_button = QPushButton("Reload models")
+        self.reload_button = QPushButton(RELOAD_TEXT)
         banner_layout.addWidget(self.crash_label, 1)
         banner_layout.addWidget(self.reload_button)
         self.crash_banner.hide()
@@ -289,6 +298,7 @@ class MainWindow(QMainWindow):
         client.compared.connect(self._on_compared)
         client.failed.connect(self._on_engine_error)
         client.crashed.connect(self._on_engine_crashed)
+        client.workers.connect(self._on_workers)
         server = self.sidebar.server_panel
         server.port.setValue(self.settings.get_int("server_port"))
         server.api_key.setText(self.settings.get_str("server_api_key"))
@@ -393,6 +403,13 @@ class MainWindow(QMainWindow):
         self.last_load = request
         if not keep_banner:
             self.crash_banner.hide()
+            self._lost_worker = None
+            self.reload_button.setText(RELOAD_TEXT)
+        self._worker_probe = None  # a probe still running speaks of the last load
+        self.status.set_workers(())
+        if self._restart_engine_before_load:
+            self._restart_engine_before_load = False
+            self.client.stop()
         self.loaded = None
         self.sidebar.clear_error()
         try:
@@ -423,10 +440,74 @@ class MainWindow(QMainWindow):
         self.client.unload()
 
     def reload_models(self) -> None:
-        """After a crash: start a fresh engine process and load the last pair again."""
+        """After a crash: start a fresh engine process and load the last pair again.
+
+        After a lost worker: the pair without that worker (the Workers setting follows), in
+        a fresh engine process (the old one holds what llama.cpp kept of the lost link).
+        """
         self.crash_banner.hide()
-        if self.last_load is not None:
-            self.load_models(self.last_load)
+        if self.last_load is None:
+            return
+        request = self.last_load
+        if self._lost_worker is not None:
+            request = request.without_worker(self._lost_worker)
+            self._lost_worker = None
+            self.reload_button.setText(RELOAD_TEXT)
+            self.settings.set("workers", ", ".join(request.workers))
+            self.settings.set("layer_split", "")
+        self.load_models(request)
+
+    # -- workers (llama.cpp RPC) -------------------------------------------------------------
+
+    def _on_workers(self, reports: object) -> None:
+        """The engine says how the main model's workers are: status bar, and a lost one."""
+        assert isinstance(reports, tuple)
+        self.status.set_workers(reports)
+        lost = [report for report in reports if not report.reachable]
+        if lost and self.last_load is not None:
+            self._offer_reload_without(
+                lost[0].address,
+                f"Worker {lost[0].address} is {lost[0].problem}: the main model cannot answer "
+                "without it.",
+            )
+
+    def _offer_reload_without(self, worker: str, text: str) -> None:
+        self._lost_worker = worker
+        self._restart_engine_before_load = True
+        self.crash_label.setText(f"⚠ {text}")
+        self.reload_button.setText(f"Reload without {worker}")
+        self.reload_button.show()
+        self.crash_banner.show()
+
+    def _find_lost_worker(self, message: str, while_loading: bool) -> None:
+        """The engine died with its main model on workers: name the one that went away."""
+        assert self.last_load is not None
+        self.crash_label.setText(f"⚠ {message}. Checking the workers…")
+        self.reload_button.hide()
+        self.crash_banner.show()
+        probe = WorkerProbe(self.last_load.workers, self)
+        self._worker_probe = probe
+
+        def found(worker: str, problem: str) -> None:
+            if self._worker_probe is not probe:
+                return  # another load began meanwhile
+            self._worker_probe = None
+            if worker:
+                what = "while loading" if while_loading else "mid-answer"
+                text = f"Worker {worker} stopped answering {what} ({problem})"
+                self._offer_reload_without(worker, f"{text}.")
+            else:  # every worker answers: the engine died of something else
+                text = f"{message[0].upper()}{message[1:]}"
+                self.crash_label.setText(f"⚠ {text}")
+                self.reload_button.setVisible(self.last_load is not None)
+            if self.answer is not None:
+                if self.answer.compare:
+                    self.compare_view.cancel()
+                self._end_answer("error", error=f"{text}. The text above was kept.")
+            self._update_controls()
+
+        probe.finished.connect(found)
+        probe.start()
 
     def _on_loaded(self, pair: object) -> None:
         assert isinstance(pair, LoadedPair)
@@ -448,6 +529,7 @@ class MainWindow(QMainWindow):
 
     def _on_unloaded(self) -> None:
         self.loaded = None
+        self.status.set_workers(())
         self.sidebar.set_unloaded()
         self.status.set_gpu("No model loaded")
         self._update_controls()
@@ -455,7 +537,10 @@ class MainWindow(QMainWindow):
     def _update_estimate(self) -> None:
         main = self.sidebar.selected_main()
         draft = self.sidebar.selected_draft()
-        self.status.set_pair_estimate(main, draft, int(self.settings.get("context_size")))
+        workers = len([w for w in self.settings.get_str("workers").replace(",", " ").split()])
+        self.status.set_pair_estimate(
+            main, draft, int(self.settings.get("context_size")), workers=workers
+        )
 
     # -- conversations -----------------------------------------------------------------------
 
@@ -703,12 +788,19 @@ class MainWindow(QMainWindow):
 
     def _on_engine_crashed(self, message: str, death: object) -> None:
         assert isinstance(death, EngineDeath)
-        if death.loading is not None:
+        self.status.set_workers(())
+        on_workers = self.last_load is not None and bool(self.last_load.workers)
+        lost_link = on_workers and mentions_rpc_failure(self.client.last_log_lines())
+        if death.loading is not None and not lost_link:
             self._on_load_crashed(death)
             return
         self._forget_dead_engine()
         self.sidebar.set_loading(False)
         self.sidebar.set_unloaded()
+        if on_workers:
+            # No load crash to remember: a worker went away (or may have); say which.
+            self._find_lost_worker(message, while_loading=death.loading is not None)
+            return
         if self.answer is not None:
             if self.answer.compare:
                 self.compare_view.cancel()
@@ -765,7 +857,7 @@ class MainWindow(QMainWindow):
             self.compare_view.setVisible(bool(value))
             if self.compare_toggle.isChecked() != bool(value):
                 self.compare_toggle.setChecked(bool(value))
-        elif key == "context_size":
+        elif key in ("context_size", "workers"):
             self._update_estimate()
         elif key == "extra_model_folders":
             self.rescan_models()
@@ -831,6 +923,12 @@ def _run_kind(run: str) -> RunKind:
 def _gpu_summary(pair: LoadedPair) -> str:
     """Where the layers went, and the GPU memory left where the backend reports it."""
     main = pair.main
+    if main.layer_placement:
+        workers = sum(1 for where, _count in main.layer_placement if where.startswith("worker "))
+        here = dict(main.layer_placement).get(LOCAL_CPU_PLACE, 0)
+        text = f"Main model on {workers} worker{'s' if workers != 1 else ''}"
+        text += f" and {here} layers here" if here else ""
+        return text + (", draft here" if pair.draft is not None else "")
     if main.gpu_layers <= 0:
         return f"{main.backend} build: no GPU offload"
     text = f"{main.backend}: main {main.gpu_layers}/{main.n_layers} layers on GPU"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 from PySide6.QtCore import QObject, Signal
 
 from backends.engines.interface import DEFAULT_CONTEXT_SIZE
+from backends.engines.rpc import parse_split, parse_workers
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SettingsError
 from backends.paths import user_data_dir
@@ -40,7 +41,9 @@ SettingValue = int | float | bool | str
 SettingKind = type[int] | type[float] | type[bool] | type[str]
 # "models" and "state" hold what the model pickers and the window remember; the other groups
 # are the sidebar's settings form, in this order.
-SettingGroup = Literal["models", "speculation", "sampling", "generation", "view", "state"]
+SettingGroup = Literal[
+    "models", "speculation", "sampling", "generation", "workers", "view", "state"
+]
 
 SETTINGS_FILENAME = "settings.json"
 BROKEN_SUFFIX = ".broken"
@@ -92,6 +95,7 @@ class SettingSpec:
     choice_tooltips: tuple[str, ...] = ()
     special_text: str = ""
     multiline: bool = False
+    placeholder: str = ""  # shown in an empty text field
 
     def __post_init__(self) -> None:
         """Catch a declaration whose default breaks its own rules."""
@@ -163,6 +167,32 @@ SETTINGS: tuple[SettingSpec, ...] = (
             f"the Hugging Face cache (separated by '{os.pathsep}')."
         ),
         group="models",
+    ),
+    SettingSpec(
+        key="workers",
+        kind=str,
+        default="",
+        title="Workers",
+        tooltip=(
+            "Other machines that hold part of the main model: host:port of each, comma-"
+            "separated (start `specdeck worker --host 0.0.0.0` there; trusted networks only, "
+            "llama.cpp's RPC has no password). The draft stays on this computer. llama.cpp "
+            "engine; takes effect at the next load."
+        ),
+        group="workers",
+        placeholder="none: this computer only (e.g. 192.168.1.20:50052)",
+    ),
+    SettingSpec(
+        key="layer_split",
+        kind=str,
+        default="",
+        title="Layer split",
+        tooltip=(
+            "With workers: the main model's layers in shares, one per worker and the last for "
+            "this computer (e.g. 1,1,0: half on each worker, none here). Empty: by free memory."
+        ),
+        group="workers",
+        placeholder="by free memory",
     ),
     # -- speculation -------------------------------------------------------------------------
     SettingSpec(
@@ -637,8 +667,12 @@ def load_request_for(
 ) -> LoadRequest:
     """A LoadRequest for the pair, with the engine and context size from the settings.
 
-    Raises SettingsError when the combination is impossible (draft-model without a draft).
+    Raises SettingsError when the combination is impossible (draft-model without a draft,
+    a malformed worker or layer split).
     """
+    workers = parse_workers(settings.get_str("workers"))
+    if workers and (engine or engine_kind(settings)) != "llama.cpp":
+        raise SettingsError("Workers need the llama.cpp engine: clear Workers to use MLX")
     return LoadRequest(
         main_path=str(main_path),
         draft_path=None if draft_path is None else str(draft_path),
@@ -646,6 +680,8 @@ def load_request_for(
         method=method,
         n_ctx=settings.get_int("context_size"),
         weight_repacking=weight_repacking(settings),
+        workers=tuple(str(worker) for worker in workers),
+        layer_split=parse_split(settings.get_str("layer_split"), len(workers)),
     )
 
 

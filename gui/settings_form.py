@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFormLayout,
     QLabel,
+    QLineEdit,
     QPlainTextEdit,
     QSpinBox,
     QVBoxLayout,
@@ -43,6 +44,7 @@ FORM_GROUPS: tuple[tuple[str, str], ...] = (
     ("speculation", "Speculation"),
     ("sampling", "Sampling"),
     ("generation", "Generation"),
+    ("workers", "Workers (other machines)"),
     ("view", "View"),
 )
 SHOWN_WITH_THE_MODELS = frozenset({"speculation_method"})
@@ -158,8 +160,15 @@ class SettingsForm(QWidget):
                 lambda _index: self.write(key, str(combo.currentData()))
             )
             return combo
+        if not spec.multiline:
+            line = QLineEdit(self._settings.get_str(key))
+            line.setCursorPosition(0)  # the start of a long list, not its end
+            line.setPlaceholderText(spec.placeholder)
+            line.setClearButtonEnabled(True)
+            line.editingFinished.connect(lambda: self.write(key, line.text().strip()))
+            return line
         text = QPlainTextEdit()
-        text.setPlaceholderText("None")
+        text.setPlaceholderText(spec.placeholder or "None")
         text.setTabChangesFocus(True)
         text.setPlainText(self._settings.get_str(key))
         line_height = text.fontMetrics().lineSpacing()
@@ -190,6 +199,8 @@ def show_setting(editor: QWidget, settings: AppSettings, key: str) -> None:
             value = settings.get_str(key)
             if editor.toPlainText() != value:
                 editor.setPlainText(value)
+        elif isinstance(editor, QLineEdit) and editor.text() != settings.get_str(key):
+            editor.setText(settings.get_str(key))
 
 
 def _prepare_spin(spin: QSpinBox | QDoubleSpinBox, spec: SettingSpec) -> None:

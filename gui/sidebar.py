@@ -67,7 +67,9 @@ DRAFT_MODEL_NEEDS_DRAFT = "Draft model only needs a draft model"
 NO_MAIN_MODEL = "Pick a main model first (or get the default pair)"
 
 # Settings that change what a load asks for (and so the memory a pair needs).
-PAIR_SETTINGS = frozenset({"engine", "speculation_method", "context_size", "weight_repacking"})
+PAIR_SETTINGS = frozenset(
+    {"engine", "speculation_method", "context_size", "weight_repacking", "workers", "layer_split"}
+)
 
 LoadState = Literal["unloaded", "loading", "loaded"]
 ButtonAction = Literal["load", "unload"]

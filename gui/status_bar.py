@@ -1,4 +1,4 @@
-"""The status bar: memory of the app and its engine, free memory, and what a pair would need."""
+"""The status bar: memory of the app and its engine, free memory, workers, what a pair needs."""
 
 from __future__ import annotations
 
@@ -8,11 +8,18 @@ import psutil
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
-from backends.engines.hardware import available_memory, estimate_pair_memory
+from backends.engines.hardware import (
+    available_memory,
+    estimate_model_memory,
+    estimate_pair_memory,
+)
 from gui.style import BAD, MUTED_TEXT, WARN
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from backends.models.gguf_info import ModelInfo
+    from backends.service.protocol import WorkerReport
 
 RESOURCE_REFRESH_MS = 2000
 # Above this share of the available memory a load is risky: warn before the machine swaps.
@@ -48,7 +55,10 @@ class ResourceStatusBar(QStatusBar):
         self.memory_label = QLabel()
         self.gpu_label = QLabel()
         self.estimate_label = QLabel()
-        for label in (self.estimate_label, self.gpu_label, self.memory_label):
+        self.workers_label = QLabel()
+        self.workers_label.setObjectName("workersStatus")
+        self.workers_label.hide()
+        for label in (self.estimate_label, self.workers_label, self.gpu_label, self.memory_label):
             label.setContentsMargins(8, 0, 8, 0)
             self.addPermanentWidget(label)
         self._timer = QTimer(self)
@@ -68,16 +78,50 @@ class ResourceStatusBar(QStatusBar):
         self._gpu = text
         self._update_gpu()
 
+    def set_workers(self, reports: Sequence[WorkerReport]) -> None:
+        """Each worker of the main model: reachable or not, its layers and memory."""
+        if not reports:
+            self.workers_label.clear()
+            self.workers_label.hide()
+            return
+        lost = [report for report in reports if not report.reachable]
+        text = "Workers: " + " · ".join(_worker_text(report) for report in reports)
+        self.workers_label.setText(text)
+        self.workers_label.setStyleSheet(f"color: {(BAD if lost else MUTED_TEXT).name()}")
+        self.workers_label.setToolTip(
+            "\n".join(report.summary() for report in reports)
+            + "\nllama.cpp RPC workers hold these layers of the main model; the draft is here."
+        )
+        self.workers_label.show()
+
     def set_pair_estimate(
-        self, main: ModelInfo | None, draft: ModelInfo | None, n_ctx: int
+        self, main: ModelInfo | None, draft: ModelInfo | None, n_ctx: int, workers: int = 0
     ) -> None:
-        """Before loading: what the chosen pair needs against what is free, warned in colour."""
+        """Before loading: what the chosen pair needs against what is free, warned in colour.
+
+        With ``workers`` the main model's layers are mostly theirs: the draft is what must
+        fit here.
+        """
         if main is None:
             self.estimate_label.clear()
             self.estimate_label.setToolTip("")
             return
-        needed = estimate_pair_memory(main, draft, n_ctx)
         free = available_memory()
+        if workers:
+            needed = estimate_model_memory(draft, n_ctx) if draft is not None else 0
+            self.estimate_label.setText(
+                f"Main model on {workers} worker{'s' if workers != 1 else ''} · draft needs "
+                f"≈{format_bytes(needed)} of {format_bytes(free)} free here"
+            )
+            self.estimate_label.setStyleSheet(
+                f"color: {(BAD if needed > free else MUTED_TEXT).name()}"
+            )
+            self.estimate_label.setToolTip(
+                "The main model's layers are split over the workers (and this computer, by "
+                "the Layer split); the draft runs here."
+            )
+            return
+        needed = estimate_pair_memory(main, draft, n_ctx)
         text = f"Pair needs ≈{format_bytes(needed)} of {format_bytes(free)} free"
         colour = MUTED_TEXT
         tip = "Estimated from the files' sizes and the KV cache of the chosen context size."
@@ -106,3 +150,9 @@ class ResourceStatusBar(QStatusBar):
 
     def _update_gpu(self) -> None:
         self.gpu_label.setText(self._gpu)
+
+
+def _worker_text(report: WorkerReport) -> str:
+    if not report.reachable:
+        return f"{report.address} ✗ {report.problem}"
+    return f"{report.address} ✓ {report.layers} layers, {format_bytes(report.memory_free)} free"

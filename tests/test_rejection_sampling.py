@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from backends.engines.llama import LlamaEngine
+    from backends.engines.rpc import WorkerStatus
 
 VOCAB = 6
 DRAWS = 12_000
@@ -64,6 +65,9 @@ class BigramEngine:
 
     def truncate(self, n_tokens: int) -> None:
         del self._tokens[n_tokens:]
+
+    def worker_statuses(self) -> tuple[WorkerStatus, ...]:
+        return ()
 
     def close(self) -> None:
         pass

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from backends.engines.chat_template import ChatTemplate
     from backends.engines.interface import ChatMessage, VocabFacts
+    from backends.engines.rpc import WorkerStatus
     from backends.models.gguf_info import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class EngineBase:
         notes: tuple[str, ...] = (),
         unified_memory: bool = False,
         weight_buffers: tuple[str, ...] = (),
+        layer_placement: tuple[tuple[str, int], ...] = (),
     ) -> None:
         """Record the load report; the load time is everything since ``started``."""
         self._load_report = LoadReport(
@@ -107,6 +109,7 @@ class EngineBase:
             notes=notes,
             unified_memory=unified_memory,
             weight_buffers=weight_buffers,
+            layer_placement=layer_placement,
         )
         log.info("loaded %s: %s", self.info.name, self._load_report.placement)
 
@@ -164,6 +167,10 @@ class EngineBase:
         raise NotImplementedError
 
     # -- lifetime --------------------------------------------------------------------------
+
+    def worker_statuses(self) -> tuple[WorkerStatus, ...]:
+        """No workers: the model is on this machine."""
+        return ()
 
     def close(self) -> None:
         """Free the model and its context (safe to call twice)."""

@@ -62,8 +62,8 @@ class LlamaBuildInfo:
         return self.backend
 
 
-def _ggml_device_functions() -> ctypes.CDLL | None:
-    """Libggml with the device-enumeration functions typed, or None if unavailable."""
+def ggml_device_library() -> ctypes.CDLL | None:
+    """Libggml with the device functions typed (name, kind, memory), or None if unavailable."""
     try:
         from llama_cpp import _ggml
     except Exception as error:  # noqa: BLE001 - an old or odd build: fall back to system info
@@ -93,8 +93,22 @@ def _ggml_device_functions() -> ctypes.CDLL | None:
     return lib
 
 
+def ggml_devices() -> list[tuple[str, str, int]]:
+    """The devices registered with ggml on this machine: (name, kind, ggml_backend_dev_t)."""
+    lib = ggml_device_library()
+    if lib is None:
+        return []
+    devices = []
+    for index in range(lib.ggml_backend_dev_count()):
+        device = lib.ggml_backend_dev_get(index)
+        name = (lib.ggml_backend_dev_name(device) or b"").decode(errors="replace")
+        kind = _DEVICE_TYPE_NAMES.get(lib.ggml_backend_dev_type(device), "unknown")
+        devices.append((name, kind, int(device)))
+    return devices
+
+
 def _list_devices() -> tuple[ComputeDevice, ...]:
-    lib = _ggml_device_functions()
+    lib = ggml_device_library()
     if lib is None:
         return ()
     devices = []
@@ -140,7 +154,7 @@ def load_ggml_backends() -> int:
     looks next to the executable, which in a bundle is not where llama_cpp/lib is.
     ``$SPECDECK_CPU_VARIANT`` loads that one CPU library instead of the best one.
     """
-    lib = _ggml_device_functions()
+    lib = ggml_device_library()
     if lib is None:
         return 0
     try:
@@ -176,6 +190,9 @@ def _load_cpu_variant(lib: ctypes.CDLL, folder: str, variant: str) -> None:
     if not lib.ggml_backend_load(os.fsencode(path)):
         raise OSError(f"{CPU_VARIANT_ENV}={variant}: {path} does not load on this CPU")
     log.info("loaded the CPU variant %s as asked", path)
+    rpc = os.path.join(folder, f"{prefix}ggml-rpc{suffix}")
+    if os.path.exists(rpc) and not lib.ggml_backend_load(os.fsencode(rpc)):
+        log.warning("the RPC backend %s does not load", rpc)
 
 
 @functools.cache
@@ -187,7 +204,11 @@ def llama_build_info() -> LlamaBuildInfo:
     llama_cpp.llama_backend_init()
     system_info = llama_cpp.llama_print_system_info().decode(errors="replace")
     devices = _list_devices()
-    supports_offload = bool(llama_cpp.llama_supports_gpu_offload())
+    # llama.cpp says it can offload whenever the RPC backend is built in; SpecDeck means a
+    # GPU of this machine (workers are not registered, so they are not among the devices).
+    supports_offload = bool(llama_cpp.llama_supports_gpu_offload()) and any(
+        device.kind in ("GPU", "iGPU") for device in devices
+    )
     backend = _backend_name(devices, system_info) if supports_offload else "CPU"
     return LlamaBuildInfo(
         backend, supports_offload, devices, system_info.strip(), _loaded_cpu_variant()

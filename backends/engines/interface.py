@@ -12,6 +12,8 @@ import numpy.typing as npt
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from backends.engines.rpc import WorkerStatus
+
 log = logging.getLogger(__name__)
 
 Role = Literal["system", "user", "assistant"]
@@ -38,6 +40,10 @@ class VocabFacts:
     end_of_generation_ids: frozenset[int]
 
 
+# How a load report names this machine's CPU beside workers in ``layer_placement``.
+LOCAL_CPU_PLACE = "this computer (CPU)"
+
+
 @dataclass(frozen=True)
 class LoadReport:
     """Where a loaded model went: backend, layers on the GPU, threads, context."""
@@ -55,10 +61,16 @@ class LoadReport:
     unified_memory: bool = False
     # The buffer types the weights went into, as llama.cpp names them ("CPU_REPACK", ...).
     weight_buffers: tuple[str, ...] = field(default=())
+    # With workers (llama.cpp's RPC backend): each device and its repeating layers, in
+    # order, e.g. (("this computer (CPU)", 4), ("worker 10.0.0.5:50052", 24)).
+    layer_placement: tuple[tuple[str, int], ...] = field(default=())
 
     @property
     def placement(self) -> str:
         """A one-line description such as "CUDA: all 24 layers on GPU, KV cache on GPU"."""
+        if self.layer_placement:
+            spread = ", ".join(f"{count} on {where}" for where, count in self.layer_placement)
+            return f"{self.n_layers} layers: {spread}"
         if self.gpu_layers <= 0:
             return f"{self.backend}: all {self.n_layers} layers on CPU ({self.n_threads} threads)"
         where = "all" if self.gpu_layers >= self.n_layers else f"{self.gpu_layers}/"
@@ -134,6 +146,10 @@ class ModelEngine(Protocol):
 
     def truncate(self, n_tokens: int) -> None:
         """Roll the KV cache back so that it holds only its first ``n_tokens`` tokens."""
+        ...
+
+    def worker_statuses(self) -> tuple[WorkerStatus, ...]:
+        """The workers holding some of the model's layers, now (empty without workers)."""
         ...
 
     def close(self) -> None:

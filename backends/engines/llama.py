@@ -16,14 +16,38 @@ import numpy as np
 
 from backends.engines.base import EngineBase
 from backends.engines.chat_template import ChatTemplate
-from backends.engines.hardware import llama_build_info, load_ggml_backends, physical_cores
+from backends.engines.hardware import (
+    LlamaBuildInfo,
+    available_memory,
+    ggml_devices,
+    llama_build_info,
+    load_ggml_backends,
+    physical_cores,
+)
 from backends.engines.interface import (
     DEFAULT_CONTEXT_SIZE,
+    LOCAL_CPU_PLACE,
     LogitRows,
     VocabFacts,
     probe_exact_batch_limit,
 )
 from backends.engines.load_guard import SAFEST, RiskySettings, checkpoint
+from backends.engines.rpc import (
+    HeldLinks,
+    RemoteDevice,
+    WorkerAddress,
+    WorkerConnections,
+    WorkerDevice,
+    WorkerError,
+    WorkerStatus,
+    check_workers,
+    connect_devices,
+    device_memory,
+    holds_connection,
+    parse_split,
+    parse_workers,
+    split_layers,
+)
 from backends.engines.weight_placement import (
     WEIGHT_REPACKING_MODES,
     WeightPlan,
@@ -35,6 +59,8 @@ from backends.models.gguf_info import read_model_info
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from llama_cpp import llama_model_params
 
 log = logging.getLogger(__name__)
 native_log = logging.getLogger("backends.engines.llama.native")
@@ -62,6 +88,10 @@ LoadProgress = Callable[[float], None]
 # llama.cpp logs where each model's weights went: "load_tensors: CPU_REPACK model buffer size
 # = 580.00 MiB" (the buffer type's name, then its size).
 _MODEL_BUFFER_LINE = re.compile(r"(\S+) model buffer size\s*=")
+# ... and, at debug level, each layer's device: "load_tensors: layer  12 assigned to device
+# RPC0, is_swa = 0".
+_LAYER_DEVICE_LINE = re.compile(r"layer\s+(\d+) assigned to device (\S+?),")
+_LLAMA_SPLIT_MODE_LAYER = 1
 
 
 @dataclass(frozen=True)
@@ -87,6 +117,11 @@ class LlamaLoadSettings:
     # attention turns an F32 cache back into F16.) Slower plain decoding on tiny models at
     # long contexts (README), little on the 1.5B.
     single_path_attention: bool = True
+    # llama.cpp RPC workers ("host:port") holding part of the main model (never the
+    # draft's), and how to split the layers: one share per worker and the last for this
+    # computer; empty = by free memory. gpu_layers does not apply with workers.
+    workers: tuple[str, ...] = ()
+    layer_split: tuple[float, ...] = ()
 
     @property
     def risky(self) -> RiskySettings:
@@ -107,6 +142,7 @@ class LlamaLoadSettings:
             raise SettingsError(
                 f"weight repacking must be one of {choices}, got {self.weight_repacking!r}"
             )
+        parse_split(self.layer_split, len(parse_workers(self.workers)))
 
 
 class _NativeLog:
@@ -117,6 +153,7 @@ class _NativeLog:
 
         self.recent_errors: list[str] = []
         self.weight_buffers: list[str] = []  # "<type> model buffer size" lines of a load
+        self.layer_devices: dict[int, str] = {}  # "layer N assigned to device D" of a load
         self._lock = threading.Lock()
         self._line = ""
         self._line_level = _GGML_LOG_DEBUG
@@ -137,6 +174,9 @@ class _NativeLog:
             buffer = _MODEL_BUFFER_LINE.search(line)
             if buffer is not None:
                 self.weight_buffers.append(buffer.group(1))
+            assigned = _LAYER_DEVICE_LINE.search(line)
+            if assigned is not None:
+                self.layer_devices[int(assigned.group(1))] = assigned.group(2)
         if level >= _GGML_LOG_WARN:
             with self._lock:
                 self.recent_errors = [*self.recent_errors[-9:], line]
@@ -150,6 +190,12 @@ class _NativeLog:
             buffers, self.weight_buffers = self.weight_buffers, []
         return tuple(dict.fromkeys(buffers))
 
+    def take_layer_devices(self) -> dict[int, str]:
+        """Which device each layer of the last load went to (llama.cpp's device names)."""
+        with self._lock:
+            devices, self.layer_devices = self.layer_devices, {}
+        return devices
+
     def take_errors(self) -> str:
         with self._lock:
             errors, self.recent_errors = self.recent_errors, []
@@ -160,7 +206,8 @@ _native_log: _NativeLog | None = None
 _native_lock = threading.Lock()
 
 
-def _init_llama() -> _NativeLog:
+def init_llama_cpp() -> _NativeLog:
+    """Start llama.cpp once per process: backends loaded, exact-batch kernels, log routed."""
     global _native_log
     with _native_lock:
         if _native_log is None:
@@ -202,9 +249,10 @@ class LlamaEngine(EngineBase):
         self._llama = llama_cpp
         self.settings = settings or LlamaLoadSettings()
         self.info = read_model_info(self.path)  # clear errors for missing/corrupt files first
-        native = _init_llama()
+        native = init_llama_cpp()
         native.take_errors()
         native.take_weight_buffers()
+        native.take_layer_devices()
         build = llama_build_info()
         started = time.perf_counter()
         self.weight_plan = apply_plan(WeightPlan.choose(self.settings.weight_repacking))
@@ -215,6 +263,12 @@ class LlamaEngine(EngineBase):
         gpu_layers = ALL_LAYERS if is_draft else self.settings.gpu_layers
         model_params.n_gpu_layers = 999 if gpu_layers == ALL_LAYERS else gpu_layers
         model_params.use_extra_bufts = self.weight_plan.repack
+        self._workers: WorkerConnections | None = None
+        self._links: HeldLinks | None = None
+        self._remote: tuple[RemoteDevice, ...] = ()
+        worker_addresses = () if is_draft else parse_workers(self.settings.workers)
+        if worker_addresses:
+            self._place_on_workers(model_params, worker_addresses, build)
         self._progress_callback = None
         if progress is not None:
             report = progress
@@ -226,7 +280,11 @@ class LlamaEngine(EngineBase):
             self._progress_callback = llama_cpp.llama_progress_callback(on_progress)
             model_params.progress_callback = self._progress_callback
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+        if self._links is not None:
+            self._links.release()  # the model's buffers hold the connections now
         if not model:
+            if self._workers is not None:
+                self._workers.close()
             detail = native.take_errors() or "llama.cpp could not load it"
             raise ModelFileError(f"cannot load model {self.path.name}: {detail}")
         self._model = model
@@ -272,6 +330,10 @@ class LlamaEngine(EngineBase):
         self._vocab_facts = self._read_vocab_facts()
         self._template = ChatTemplate(self.info.chat_template, self.info.name)
         weight_buffers = native.take_weight_buffers()
+        layer_placement: tuple[tuple[str, int], ...] = ()
+        if worker_addresses:
+            layer_placement = self._layer_placement(native.take_layer_devices(), n_layers)
+            offloaded = sum(count for where, count in layer_placement if where != LOCAL_CPU_PLACE)
         if self.settings.probe_exact_batch and not is_draft:
             # The first forward pass: where a broken CPU kernel crashes.
             checkpoint("main-probe", self.path, safe=self.settings.risky == SAFEST)
@@ -288,7 +350,98 @@ class LlamaEngine(EngineBase):
             unified_memory=build.backend == "Metal",
             notes=(self.weight_plan.note,),
             weight_buffers=weight_buffers,
+            layer_placement=layer_placement,
         )
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def _place_on_workers(
+        self,
+        model_params: llama_model_params,
+        addresses: tuple[WorkerAddress, ...],
+        build: LlamaBuildInfo,
+    ) -> None:
+        """Point llama.cpp at the workers' devices (and this machine's GPUs), layer split set.
+
+        Each worker is probed first, so an unreachable one is a one-line error, not an
+        abort inside llama.cpp; its connection is then held open (and given keepalive and
+        timeouts) from here to the end of the load.
+        """
+        for address in addresses:
+            if address in _abandoned_workers:
+                raise WorkerError(
+                    f"worker {address} was lost by this engine process; restart it to use "
+                    "that worker again (Reload models does)"
+                )
+        check_workers([address for address in addresses if not holds_connection(address)])
+        self._remote = connect_devices(addresses)
+        self._links = HeldLinks(self._remote)
+        self._workers = WorkerConnections(addresses)
+        local_gpus = [device for device in build.devices if device.kind in ("GPU", "iGPU")]
+        local_pointers = [
+            pointer for name, kind, pointer in ggml_devices() if kind in ("GPU", "iGPU")
+        ]
+        per_worker: dict[WorkerAddress, int] = {}
+        for device in self._remote:
+            per_worker[device.address] = per_worker.get(device.address, 0) + 1
+        split = self.settings.layer_split
+        if split:
+            wanted = dict(zip(addresses, split, strict=False))
+            worker_shares = [wanted[d.address] / per_worker[d.address] for d in self._remote]
+            local_share = split[-1]
+            gpu_shares = [local_share / len(local_gpus)] * len(local_gpus) if local_gpus else []
+            cpu_share = 0.0 if local_gpus else local_share
+        else:
+            worker_shares = [float(device_memory(device.pointer)[0]) for device in self._remote]
+            gpu_shares = [float(gpu.memory_free or 0) for gpu in local_gpus]
+            cpu_share = 0.0 if local_gpus else float(available_memory())
+        n_layers = self.info.n_layers or 1
+        plan = split_layers(n_layers, worker_shares, gpu_shares, cpu_share)
+        pointers = [device.pointer for device in self._remote] + local_pointers
+        self._device_list = (ctypes.c_void_p * (len(pointers) + 1))(*pointers, None)
+        self._tensor_split = (ctypes.c_float * self._llama.llama_max_devices())(*plan.device_shares)
+        # llama-cpp-python binds this field as a bare pointer (it never uses it).
+        model_params.devices = ctypes.addressof(self._device_list)  # type: ignore[assignment]
+        model_params.split_mode = _LLAMA_SPLIT_MODE_LAYER
+        model_params.tensor_split = self._tensor_split
+        model_params.n_gpu_layers = plan.n_gpu_layers
+
+    def _layer_placement(
+        self, layer_devices: dict[int, str], n_layers: int
+    ) -> tuple[tuple[str, int], ...]:
+        """Each device's repeating layers, in order, named for the user."""
+        names = {device.name: f"worker {device.address}" for device in self._remote}
+        counts: dict[str, int] = {}
+        for layer in sorted(layer_devices):
+            if layer < n_layers:
+                where = names.get(layer_devices[layer], layer_devices[layer])
+                if where == "CPU":
+                    where = LOCAL_CPU_PLACE
+                counts[where] = counts.get(where, 0) + 1
+        return tuple(counts.items())
+
+    def worker_statuses(self) -> tuple[WorkerStatus, ...]:
+        """Each worker: connected or gone, and its memory now (asked over the live link)."""
+        if self._workers is None:
+            return ()
+        lost = set(self._workers.lost())
+        statuses = []
+        for address in self._workers.addresses:
+            if address in lost:
+                statuses.append(WorkerStatus(address, False, "gone (its connection closed)"))
+                continue
+            devices = [d for d in self._remote if d.address == address]
+            statuses.append(
+                WorkerStatus(
+                    address,
+                    True,
+                    devices=tuple(
+                        WorkerDevice(index, *device_memory(device.pointer))
+                        for index, device in enumerate(devices)
+                    ),
+                )
+            )
+        return tuple(statuses)
 
     # -- facts -----------------------------------------------------------------------------
 
@@ -358,9 +511,17 @@ class LlamaEngine(EngineBase):
                 batch.pos[offset] = position + index
                 batch.logits[offset] = index >= first_output
             batch.n_tokens = len(chunk)
+            if self._workers is not None:
+                self._workers.before_pass(len(chunk))
             began = time.perf_counter()
             status = llama.llama_decode(self._ctx, batch)
-            self._decode_seconds += time.perf_counter() - began
+            if self._workers is not None:
+                # The workers compute after llama_decode returns: time the whole pass.
+                llama.llama_synchronize(self._ctx)
+            elapsed = time.perf_counter() - began
+            self._decode_seconds += elapsed
+            if self._workers is not None:
+                self._workers.after_pass(len(chunk), elapsed)
             if status != 0:
                 # Keep our token list true to what the cache may now hold.
                 self.truncate(position + start)
@@ -382,6 +543,25 @@ class LlamaEngine(EngineBase):
         del self._tokens[n_tokens:]
 
     def _free(self) -> None:
-        self._llama.llama_batch_free(self._batch)
-        self._llama.llama_free(self._ctx)
-        self._llama.llama_model_free(self._model)
+        lost = self._workers.lost() if self._workers is not None else []
+        if lost:
+            # Freeing buffers on a lost worker would abort the process inside llama.cpp:
+            # leave the model to the process's end, and its workers unusable until then.
+            _abandoned_workers.update(lost)
+            assert self._workers is not None
+            self._workers.close(keep_live=True)  # the model keeps the others' connections
+            log.warning(
+                "worker(s) %s lost: %s stays in memory until the engine process ends",
+                ", ".join(map(str, lost)),
+                self.name,
+            )
+        else:
+            self._llama.llama_batch_free(self._batch)
+            self._llama.llama_free(self._ctx)
+            self._llama.llama_model_free(self._model)
+        if self._workers is not None:
+            self._workers.close()
+
+
+# Workers this process lost while a model held them: llama.cpp keeps their dead connection.
+_abandoned_workers: set[WorkerAddress] = set()

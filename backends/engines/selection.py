@@ -36,13 +36,16 @@ def open_engine(
     settings: RiskySettings = DEFAULT_SETTINGS,
     is_draft: bool = False,
     progress: LoadProgress | None = None,
+    workers: tuple[str, ...] = (),
+    layer_split: tuple[float, ...] = (),
 ) -> ModelEngine:
     """Load ``path`` with the engine ``kind``; the draft always goes fully onto the GPU.
 
     llama.cpp loads GGUF files; MLX loads MLX model folders (config.json, safetensors,
     tokenizer.json), which ``backends.models.gguf_to_mlx`` can make from a GGUF file.
     ``settings`` holds the main model's GPU layers (a draft goes fully onto the GPU), the
-    threads and weight repacking.
+    threads and weight repacking; ``workers`` (llama.cpp RPC, "host:port") hold part of a
+    main model, split by ``layer_split`` or by free memory.
     """
     checkpoint("draft-model" if is_draft else "main-model", path, safe=settings == SAFEST)
     if kind == "llama.cpp":
@@ -53,9 +56,13 @@ def open_engine(
             gpu_layers=settings.gpu_layers,
             n_threads=settings.n_threads,
             weight_repacking=settings.weight_repacking,
+            workers=() if is_draft else workers,
+            layer_split=() if is_draft else layer_split,
         )
         return LlamaEngine(path, load, is_draft=is_draft, progress=progress)
     if kind == "mlx":
+        if workers:
+            raise SettingsError("workers need the llama.cpp engine (MLX runs on one machine)")
         if importlib.util.find_spec("mlx_lm") is None:
             raise SettingsError(
                 "the MLX engine needs mlx-lm (Apple Silicon, or mlx[cpu] on Linux); "

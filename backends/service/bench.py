@@ -39,6 +39,7 @@ from backends.engines.load_guard import (
     crash_message,
     signal_name,
 )
+from backends.engines.rpc import parse_workers, probe_worker
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SettingsError, SpecDeckError
 from backends.models.catalog import read_catalog_model
@@ -46,6 +47,7 @@ from backends.models.compat import check_compatibility
 from backends.service.protocol import ENGINE_KINDS
 from backends.service.suite_prompts import SUITE_PROMPTS
 from backends.service.tuning import DEFAULT_BUDGET_SECONDS
+from backends.service.worker_cli import add_worker_options, worker_options
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.methods import (
     DEFAULT_METHOD,
@@ -213,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="llama.cpp's repacked CPU weight layouts (never AMX); auto = on",
     )
+    add_worker_options(parser)
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and engine logs")
@@ -299,14 +302,26 @@ def loaded_pair(
     n_ctx: int = DEFAULT_CONTEXT_SIZE,
     engine: EngineKind = "llama.cpp",
     load_settings: RiskySettings = DEFAULT_LOAD,
+    workers: tuple[str, ...] = (),
+    layer_split: tuple[float, ...] = (),
 ) -> Iterator[tuple[ModelEngine, ModelEngine | None]]:
-    """Check the pair, load both models (the draft fully offloaded), close them after."""
+    """Check the pair, load both models (the draft fully offloaded), close them after.
+
+    ``workers`` (llama.cpp RPC) hold part of the main model, split by ``layer_split``.
+    """
     from backends.engines.selection import open_engine
 
     if draft_path is not None:
         check_compatibility(read_catalog_model(main_path), read_catalog_model(draft_path))
 
-    main = open_engine(engine, main_path, n_ctx=n_ctx, settings=load_settings)
+    main = open_engine(
+        engine,
+        main_path,
+        n_ctx=n_ctx,
+        settings=load_settings,
+        workers=workers,
+        layer_split=layer_split,
+    )
     try:
         if draft_path is None:
             checkpoint("loaded", main_path)
@@ -347,6 +362,7 @@ def _load_report(main: ModelEngine, draft: ModelEngine | None, prompt: int) -> d
         # What was chosen for the weights and why ("weight repacking on (auto), AMX ...").
         "notes": list(main.load_report.notes),
         "main_weight_buffers": list(main.load_report.weight_buffers),
+        "workers": [status.summary() for status in main.worker_statuses()],
     }
 
 
@@ -362,10 +378,18 @@ def run_bench(
     warmup: bool = True,
     engine: EngineKind = "llama.cpp",
     load_settings: RiskySettings = DEFAULT_LOAD,
+    workers: tuple[str, ...] = (),
+    layer_split: tuple[float, ...] = (),
 ) -> tuple[BenchResult, dict[str, object]]:
     """Load the pair, run plain then speculative decoding, return both and a load report."""
     with loaded_pair(
-        main_path, draft_path, n_ctx=n_ctx, engine=engine, load_settings=load_settings
+        main_path,
+        draft_path,
+        n_ctx=n_ctx,
+        engine=engine,
+        load_settings=load_settings,
+        workers=workers,
+        layer_split=layer_split,
     ) as (main, draft):
         plain = SpeculativeDecoder(main)
         speculative = build_decoder(method, main, draft, adaptive=adaptive, p_min=settings.p_min)
@@ -425,6 +449,8 @@ def run_suite(
     progress: TextIO | None = None,
     engine: EngineKind = "llama.cpp",
     load_settings: RiskySettings = DEFAULT_LOAD,
+    workers: tuple[str, ...] = (),
+    layer_split: tuple[float, ...] = (),
 ) -> tuple[list[SuiteRow], dict[str, object]]:
     """Every suite prompt, plain and with every method, at temperature 0, in one process.
 
@@ -435,7 +461,13 @@ def run_suite(
     greedy = replace(settings, sampling=replace(settings.sampling, temperature=0.0))
     rows: list[SuiteRow] = []
     with loaded_pair(
-        main_path, draft_path, n_ctx=n_ctx, engine=engine, load_settings=load_settings
+        main_path,
+        draft_path,
+        n_ctx=n_ctx,
+        engine=engine,
+        load_settings=load_settings,
+        workers=workers,
+        layer_split=layer_split,
     ) as (main, draft):
         costs = CostCache()
         decoders = {
@@ -483,6 +515,7 @@ def format_suite(rows: Sequence[SuiteRow], report: dict[str, object]) -> str:
     lines = [
         f"main:  {report['main']} — {report['main_placement']}",
         f"draft: {report['draft']} — {report['draft_placement']}",
+        *(f"worker {line}" for line in report.get("workers", ())),  # type: ignore[attr-defined]
         *(f"note:  {note}" for note in report["notes"]),  # type: ignore[attr-defined]
         "loop ms: time per round outside the engines' forward passes (Python, lookups, sampling)",
         f"bit-exact batch limit of the main model: {report['exact_batch_limit']} tokens; "
@@ -560,6 +593,7 @@ def format_table(
     lines = [
         f"main:  {report['main']} — {report['main_placement']}",
         f"draft: {report['draft']} — {report['draft_placement']}",
+        *(f"worker {line}" for line in report.get("workers", ())),  # type: ignore[attr-defined]
         *(f"note:  {note}" for note in report["notes"]),  # type: ignore[attr-defined]
         f"method {report['method']} · prompt {report['prompt_tokens']} tokens · "
         f"max {settings.max_tokens} tokens · "
@@ -637,6 +671,13 @@ def _watch_workers(arguments: list[str]) -> int:
             if status >= 0:
                 return status
             cause = signal_name(-status)
+            lost = _lost_workers(arguments)
+            if lost:
+                print(
+                    f"{PROG}: error: the engine stopped ({cause}): {'; '.join(lost)}",
+                    file=sys.stderr,
+                )
+                return EXIT_ENGINE_CRASHED
             settings, stage, model = _worker_progress(stage_file)
             if stage in ("", "loaded") or settings is None:
                 print(f"{PROG}: error: the engine crashed ({cause}) after loading", file=sys.stderr)
@@ -652,6 +693,21 @@ def _watch_workers(arguments: list[str]) -> int:
                 flush=True,
             )
     return EXIT_ENGINE_CRASHED
+
+
+def _lost_workers(arguments: list[str]) -> list[str]:
+    """After the bench process died: the --rpc workers that no longer answer, one line each.
+
+    llama.cpp aborts when a worker goes away; that is no load crash to remember.
+    """
+    try:
+        workers = parse_workers(build_parser().parse_args(arguments).rpc)
+    except (SettingsError, SystemExit):
+        return []
+    statuses = [probe_worker(worker) for worker in workers]
+    return [
+        f"worker {s.address} stopped answering ({s.problem})" for s in statuses if not s.reachable
+    ]
 
 
 def _worker_progress(stage_file: Path) -> tuple[RiskySettings | None, str, str]:
@@ -688,7 +744,10 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
         if args.system:
             messages.insert(0, ChatMessage("system", args.system))
         method = parse_method(args.method)
+        workers, layer_split = worker_options(args)
         if args.tune:
+            if workers:
+                raise SettingsError("--tune runs on this machine; drop --rpc")
             return _tune(args, stage_file)
         main_path, draft_path = _model_paths(args)
         requested = RiskySettings(args.weight_repacking, args.gpu_layers, args.threads)
@@ -710,6 +769,8 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
                 n_ctx=args.ctx,
                 engine=args.engine,
                 load_settings=risky,
+                workers=workers,
+                layer_split=layer_split,
             )
             suite_report["notes"] = [*avoided, *suite_report["notes"]]  # type: ignore[misc]
             if args.json:
@@ -728,6 +789,8 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
             n_ctx=args.ctx,
             engine=args.engine,
             load_settings=risky,
+            workers=workers,
+            layer_split=layer_split,
         )
         report["notes"] = [*avoided, *report["notes"]]  # type: ignore[misc]
     except SpecDeckError as error:

@@ -10,7 +10,9 @@ so it can never corrupt the protocol.
 
 Events: ``ready``, ``load_stage`` (a risky step of a load begins: if the process dies
 now, the window knows where), ``load_progress``, ``loaded``, ``unloaded``, ``started``,
-``tokens`` (one per round, with the stats so far), ``finished``, ``compared``, ``error``.
+``tokens`` (one per round, with the stats so far), ``finished``, ``compared``, ``error``,
+``workers`` (after a load and each answer, when the main model has llama.cpp RPC workers:
+each reachable or gone, its memory and layers).
 
 "Find my fastest setup" (``tune``; events ``tune_progress``, ``tuned``) runs every setup
 on the loaded main model, like an answer: a crash is the crash-recovery path, ``cancel``
@@ -59,6 +61,7 @@ from backends.service.protocol import (
     GenerateRequest,
     LoadRequest,
     RunKind,
+    WorkerReport,
     decode,
     encode,
     parse_generate,
@@ -195,6 +198,8 @@ class EngineServer:
         except Exception as error:  # noqa: BLE001 - the process must answer, not die
             log.exception("%s failed", kind)
             self._error(f"{kind} failed: {type(error).__name__}: {error}", request_id)
+        if kind == "generate":
+            self._emit_workers()  # after the answer (or its error): how the workers are now
 
     def _progress_events(self, event_type: str) -> Callable[[float, str], None]:
         """A progress callback that emits ``event_type``: at a new step, else every 0.1 s."""
@@ -233,6 +238,26 @@ class EngineServer:
             # Everything the user waited for: both models, probes and the auto calibration.
             seconds=time.perf_counter() - started,
         )
+        self._emit_workers()
+
+    def _emit_workers(self) -> None:
+        """Tell the window how the main model's workers are (nothing without workers)."""
+        pair = self._pair
+        if pair is None or not pair.request.workers:
+            return
+        layers = dict(pair.main.load_report.layer_placement)
+        reports = [
+            WorkerReport(
+                str(status.address),
+                status.reachable,
+                status.problem,
+                status.memory_free,
+                status.memory_total,
+                layers.get(f"worker {status.address}", 0),
+            )
+            for status in pair.main.worker_statuses()
+        ]
+        self.emit("workers", workers=[asdict(report) for report in reports])
 
     # -- the local API ------------------------------------------------------------------------
 
@@ -517,6 +542,9 @@ def main() -> NoReturn:
     # A native crash leaves "Fatal Python error: Segmentation fault" and where it happened
     # in the log, which the window shows.
     faulthandler.enable(sys.stderr, all_threads=False)
+    # When llama.cpp aborts (a worker lost mid-answer), its own message is the last line,
+    # not a debugger's backtrace.
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     events = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr

@@ -114,7 +114,8 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
         check_compatibility(main_info, draft_info)
     needed = estimate_pair_memory(main_info, draft_info, request.n_ctx)
     free = available_memory()
-    if needed > free * MEMORY_REFUSAL_FACTOR:
+    # With workers the main model's layers are mostly elsewhere: the split decides.
+    if not request.workers and needed > free * MEMORY_REFUSAL_FACTOR:
         raise SpecDeckError(
             f"not enough memory: the models need about {needed / 2**30:.1f} GB, "
             f"{free / 2**30:.1f} GB is available; choose smaller models or a smaller context"
@@ -136,6 +137,8 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
         n_ctx=request.n_ctx,
         settings=request.risky,
         progress=part(0.0, main_share, f"loading {main_info.name}"),
+        workers=request.workers,
+        layer_split=request.layer_split,
     )
     draft: ModelEngine | None = None
     try:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from backends.engines.interface import DEFAULT_CONTEXT_SIZE, ChatMessage
 from backends.engines.load_guard import RiskySettings
+from backends.engines.rpc import parse_split, parse_workers
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES, WeightRepacking
 from backends.errors import SettingsError
 from backends.speculation.methods import DEFAULT_METHOD, SpeculationMethod, parse_method
@@ -60,10 +61,20 @@ class LoadRequest:
     gpu_layers: int = -1  # main model layers on the GPU; the draft always goes fully there
     n_threads: int | None = None
     weight_repacking: WeightRepacking = "auto"
+    # llama.cpp RPC workers ("host:port") for the main model, and the layer split (one
+    # share per worker, the last for this computer; empty = by free memory).
+    workers: tuple[str, ...] = ()
+    layer_split: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
             raise SettingsError(f"unknown engine {self.engine!r}; choose llama.cpp or mlx")
+        # JSON brings lists; keep the request hashable and its workers in one spelling.
+        workers = tuple(str(worker) for worker in parse_workers(self.workers))
+        object.__setattr__(self, "workers", workers)
+        object.__setattr__(self, "layer_split", parse_split(self.layer_split, len(workers)))
+        if workers and self.engine != "llama.cpp":
+            raise SettingsError("workers need the llama.cpp engine (MLX runs on one machine)")
         if self.weight_repacking not in WEIGHT_REPACKING_MODES:
             choices = ", ".join(WEIGHT_REPACKING_MODES)
             raise SettingsError(
@@ -84,6 +95,10 @@ class LoadRequest:
     def risky(self) -> RiskySettings:
         """The settings a native crash while loading can depend on."""
         return RiskySettings(self.weight_repacking, self.gpu_layers, self.n_threads)
+
+    def without_worker(self, worker: str) -> LoadRequest:
+        """The same request with one worker fewer (and the split by free memory)."""
+        return replace(self, workers=tuple(w for w in self.workers if w != worker), layer_split=())
 
     def with_risky(self, settings: RiskySettings) -> LoadRequest:
         """The same request with other crash-prone settings."""
@@ -110,6 +125,36 @@ class GenerateRequest:
             parse_method(self.method)
         if not self.messages:
             raise SettingsError("nothing to answer: the conversation is empty")
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """A worker of the loaded main model as the window shows it (the ``workers`` event)."""
+
+    address: str
+    reachable: bool
+    problem: str = ""
+    memory_free: int = 0
+    memory_total: int = 0
+    layers: int = 0  # the main model's repeating layers it holds
+
+    def summary(self) -> str:
+        """E.g. "10.0.0.5:50052 ✓ 14 layers, 3.1 of 24.0 GB free" or "… ✗ gone"."""
+        if not self.reachable:
+            return f"{self.address} ✗ {self.problem}"
+        return (
+            f"{self.address} ✓ {self.layers} layers, {self.memory_free / 1e9:.1f} of "
+            f"{self.memory_total / 1e9:.1f} GB free"
+        )
+
+
+def worker_reports(message: dict[str, Any]) -> tuple[WorkerReport, ...]:
+    """The WorkerReports of a ``workers`` event."""
+    known = {f.name for f in fields(WorkerReport)}
+    return tuple(
+        WorkerReport(**{k: v for k, v in item.items() if k in known})
+        for item in message.get("workers", ())
+    )
 
 
 # -- encoding --------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
     specdeck serve                                    # the default pair on 127.0.0.1:8765
     specdeck serve --main big.gguf --draft small.gguf --port 1234
     specdeck serve --host 0.0.0.0 --api-key "$KEY"   # other machines: only with a key
+    specdeck serve --rpc 10.0.0.5:50052,10.0.0.6:50052  # the main model on two workers
 
 The port opens at once; requests get 503 ("the models are still loading") until the pair
 is loaded, then run one at a time (see :mod:`backends.service.api_server`). One line per
@@ -37,6 +38,7 @@ from backends.service.api_server import (
 )
 from backends.service.loaded_pair import LoadedPair, open_pair
 from backends.service.protocol import ENGINE_KINDS, LoadRequest
+from backends.service.worker_cli import add_worker_options, worker_options
 from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
 from backends.speculation.sampling import SamplingSettings
 from backends.speculation.types import (
@@ -96,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None, help="default: physical cores")
     parser.add_argument("--gpu-layers", type=int, default=-1, help="main model layers on GPU")
     parser.add_argument("--weight-repacking", choices=WEIGHT_REPACKING_MODES, default="auto")
+    add_worker_options(parser)
     defaults = parser.add_argument_group("generation defaults (a request may override them)")
     defaults.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     defaults.add_argument("--temperature", type=float, default=0.0)
@@ -228,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         main_info = read_catalog_model(main_path)
         if draft_path is not None:
             check_compatibility(main_info, read_catalog_model(draft_path))
+        workers, layer_split = worker_options(args)
         request = LoadRequest(
             main_path=str(main_path),
             draft_path=None if draft_path is None else str(draft_path),
@@ -237,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             gpu_layers=args.gpu_layers,
             n_threads=args.threads,
             weight_repacking=args.weight_repacking,
+            workers=workers,
+            layer_split=layer_split,
         )
     except SpecDeckError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

@@ -14,7 +14,7 @@ python=build/bundle-venv/bin/python
 # built once (~20 min on 2 cores) and kept in the cache.
 wheels=${SPECDECK_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specdeck/portable-wheels}
 echo "bundle: a portable llama-cpp-python with SpecDeck's patch (all CPU variants; built once)"
-wheel=$(CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON" \
+wheel=$(CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF" \
     CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)} \
     packaging/llama.cpp/build-wheel .venv/bin/python "$wheels")
 # The bundle's own environment: SpecDeck (not editable, so its metadata travels) and its

@@ -56,22 +56,47 @@ grep -q "^self-test: FAILED: the models did not load: .*SIGSEGV: Segmentation fa
 test $(($(date +%s) - started)) -lt 60
 # The installed app serves the OpenAI-compatible API (aiohttp is in the bundle): a chat
 # answer over HTTP from the small model, then a clean stop.
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# serve_and_ask ARGS...: the installed app's `specdeck serve ARGS` answers one chat request.
+serve_and_ask() {
+    local port
+    port=$(free_port)
+    run_installed /usr/bin/specdeck serve --port "$port" --no-draft \
+        --main "$models/SmolLM2-135M-Instruct.Q4_1.gguf" "$@" >"$log" 2>&1 &
+    local server=$!
+    for _ in $(seq 1 120); do
+        curl -s "http://127.0.0.1:$port/v1/models" | grep -q '"unavailable": null' && break
+        sleep 0.5
+    done
+    local answer
+    answer=$(curl -s "http://127.0.0.1:$port/v1/chat/completions" \
+        -H 'Content-Type: application/json' \
+        -d '{"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}')
+    kill "$server"
+    pkill -f "serve --port $port" || true
+    wait "$server" || true
+    echo "$answer" | grep -q '"object": "chat.completion"' || { cat "$log"; echo "$answer"; exit 1; }
+}
 echo "check: specdeck serve answers over HTTP"
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-run_installed /usr/bin/specdeck serve --port "$port" --no-draft \
-    --main "$models/SmolLM2-135M-Instruct.Q4_1.gguf" >"$log" 2>&1 &
-server=$!
-for _ in $(seq 1 120); do
-    curl -s "http://127.0.0.1:$port/v1/models" | grep -q '"unavailable": null' && break
+serve_and_ask
+# ... and with the main model on a worker: `specdeck worker` (llama.cpp's RPC server, from
+# the bundle's llama.cpp) on loopback.
+echo "check: the main model on a worker (specdeck worker, llama.cpp's RPC backend)"
+worker_port=$(free_port)
+run_installed /usr/bin/specdeck worker --port "$worker_port" --threads 1 >"$log.worker" 2>&1 &
+worker=$!
+for _ in $(seq 1 60); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$worker_port") 2>/dev/null && break
     sleep 0.5
 done
-answer=$(curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
-    -d '{"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}')
-kill "$server"
-pkill -f "serve --port $port" || true
-wait "$server" || true
-echo "$answer" | grep -q '"object": "chat.completion"' || { cat "$log"; echo "$answer"; exit 1; }
-rm -f "$log"
+serve_and_ask --rpc "127.0.0.1:$worker_port"
+kill "$worker"
+pkill -f "worker --port $worker_port" || true
+wait "$worker" || true
+grep -q "Accepted client connection" "$log.worker" || { cat "$log.worker"; exit 1; }
+rm -f "$log" "$log.worker"
 # The bundled llama.cpp carries SpecDeck's patch (packaging/llama.cpp): with the AVX2
 # (Haswell) CPU library and with the one llama.cpp picks here, the default main model's
 # batches of 2..17 tokens reproduce single-token logits bit for bit. Run from the bundle's

@@ -9,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # llama-cpp-python builds with Metal by default on macOS; MLX comes from PyPI's arm64 wheels.
+# With llama.cpp's RPC backend (`specdeck worker`, Workers).
+export CMAKE_ARGS="-DGGML_RPC=ON -DGGML_RPC_RDMA=OFF${CMAKE_ARGS:+ $CMAKE_ARGS}"
 .venv/bin/python -m pip install --quiet -e '.[dev]' 'pyinstaller>=6.10'
 .venv/bin/python packaging/build_info.py >/dev/null
 version=$(cat packaging/build/VERSION)

@@ -8,6 +8,8 @@ $ErrorActionPreference = "Stop"
 Set-Location (Join-Path $PSScriptRoot "..\..")
 if (-not (Test-Path .venv\Scripts\python.exe)) { py -3 -m venv .venv }
 $python = ".venv\Scripts\python.exe"
+# With llama.cpp's RPC backend (`specdeck worker`, Workers).
+$env:CMAKE_ARGS = "-DGGML_RPC=ON $env:CMAKE_ARGS".Trim()
 & $python -m pip install --quiet -e ".[dev]" "pyinstaller>=6.10"
 & $python packaging\build_info.py | Out-Null
 $version = (Get-Content packaging\build\VERSION).Trim()
