@@ -10,11 +10,12 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backends.engines.interface import ChatMessage
+from backends.engines.interface import ChatMessage, LoadReport
 from backends.engines.llama import LlamaEngine, LlamaLoadSettings
 from backends.engines.rpc import (
     REPLY_TIMEOUT_ENV,
@@ -27,7 +28,7 @@ from backends.engines.rpc import (
     probe_worker,
     split_layers,
 )
-from backends.errors import SettingsError
+from backends.errors import SettingsError, SpecDeckError
 from backends.service.loaded_pair import open_pair
 from backends.service.protocol import (
     GenerateRequest,
@@ -36,6 +37,7 @@ from backends.service.protocol import (
     load_command,
     worker_reports,
 )
+from backends.service.tuning_memory import machine_key
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.methods import build_decoder
 from backends.speculation.types import GenerationSettings
@@ -110,6 +112,16 @@ def test_layers_go_to_workers_by_share_and_the_rest_stay_here() -> None:
     # With a local GPU the CPU keeps nothing; the GPU is one more device.
     with_gpu = split_layers(28, [2.0, 2.0], [4.0], 0.0)
     assert (with_gpu.n_gpu_layers, with_gpu.device_shares) == (999, (2.0, 2.0, 4.0))
+
+
+def test_a_tuning_result_on_this_machine_is_not_taken_for_one_on_workers(
+    smollm_path: Path,
+) -> None:
+    alone = LoadReport("m", "CPU", 30, 0, False, 1024, 2, 1.0)
+    spread = replace(alone, layer_placement=(("worker 10.0.0.5:50052", 30),))
+    here, there = machine_key(smollm_path, alone), machine_key(smollm_path, spread)
+    assert here != there
+    assert "worker 10.0.0.5:50052" in there.accelerator
 
 
 def test_probes_name_what_is_wrong_and_never_hang() -> None:
@@ -284,6 +296,21 @@ def test_an_unreachable_worker_at_load_is_one_line_naming_it(
     )
     # The reachable worker was not left holding a connection: it serves the next client.
     assert probe_worker(two_workers[0].address).reachable
+
+
+def test_the_memory_check_counts_only_this_computers_share_of_the_layers(
+    smollm_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from backends.service import loaded_pair
+
+    monkeypatch.setattr(loaded_pair, "available_memory", lambda: 20 << 20)  # 20 MB free
+    closed = f"127.0.0.1:{free_port()}"
+    # Every layer here: refused before any worker is asked.
+    with pytest.raises(SpecDeckError, match="not enough memory: the models need about"):
+        open_pair(LoadRequest(str(smollm_path), workers=(closed,), layer_split=(0.0, 1.0)))
+    # Every layer on the worker: nothing much here, so the load goes on to ask the worker.
+    with pytest.raises(WorkerError, match="unreachable"):
+        open_pair(LoadRequest(str(smollm_path), workers=(closed,), layer_split=(1.0, 0.0)))
 
 
 def test_through_a_slow_network_the_text_stays_exact(

@@ -113,11 +113,18 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
     if draft_info is not None:
         check_compatibility(main_info, draft_info)
     needed = estimate_pair_memory(main_info, draft_info, request.n_ctx)
+    if request.workers:
+        # The main model's layers are partly elsewhere: this computer's share of them (by
+        # the split; by free memory it is known only once the workers are asked).
+        local_share = (
+            request.layer_split[-1] / sum(request.layer_split) if request.layer_split else 0.0
+        )
+        main_part = estimate_pair_memory(main_info, None, request.n_ctx)
+        needed -= int(main_part * (1.0 - local_share))
     free = available_memory()
-    # With workers the main model's layers are mostly elsewhere: the split decides.
-    if not request.workers and needed > free * MEMORY_REFUSAL_FACTOR:
+    if needed > free * MEMORY_REFUSAL_FACTOR:
         raise SpecDeckError(
-            f"not enough memory: the models need about {needed / 2**30:.1f} GB, "
+            f"not enough memory: the models need about {needed / 2**30:.1f} GB here, "
             f"{free / 2**30:.1f} GB is available; choose smaller models or a smaller context"
         )
     main_share = main_info.file_size / (

@@ -62,7 +62,8 @@ def machine_key(
 ) -> TuningKey:
     """The key of results measured on this machine on the main model at ``main_path``.
 
-    ``report`` is its load report: the device it ran on and the threads.
+    ``report`` is its load report: the device it ran on (with workers, where each layer
+    went: a result measured on this machine alone does not speak for them) and the threads.
     """
     path = Path(main_path)
     try:
@@ -73,7 +74,7 @@ def machine_key(
         main_path=str(path.resolve()),
         main_size=size,
         cpu=cpu_identity(),
-        accelerator=report.backend,
+        accelerator=report.placement if report.layer_placement else report.backend,
         build=engine_build() if engine == "llama.cpp" else _mlx_build(),
         threads=report.n_threads,
     )
