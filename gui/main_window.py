@@ -38,7 +38,8 @@ from backends.engines.load_guard import (
     avoided_crash_note,
     crash_message,
 )
-from backends.errors import SpecDeckError
+from backends.engines.rpc import parse_workers
+from backends.errors import SettingsError, SpecDeckError
 from backends.models.catalog import CatalogScan, default_model_folders, scan_models
 from backends.paths import user_data_dir
 from backends.service.protocol import GenerateRequest, LoadRequest
@@ -537,7 +538,10 @@ class MainWindow(QMainWindow):
     def _update_estimate(self) -> None:
         main = self.sidebar.selected_main()
         draft = self.sidebar.selected_draft()
-        workers = len([w for w in self.settings.get_str("workers").replace(",", " ").split()])
+        try:
+            workers = len(parse_workers(self.settings.get_str("workers")))
+        except SettingsError:
+            workers = 0  # the load will say what is wrong with the list
         self.status.set_pair_estimate(
             main, draft, int(self.settings.get("context_size")), workers=workers
         )

@@ -23,6 +23,8 @@ _DEVICE_TYPE_NAMES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator"}
 # Load this one CPU variant of a GGML_BACKEND_DL build (e.g. "zen4", "haswell") instead of
 # the best for this CPU: how the bundle's check runs a CPU without AMX's kernels here.
 CPU_VARIANT_ENV = "SPECDECK_CPU_VARIANT"
+# ggml device kinds that are a GPU of this machine (a worker's devices are never listed).
+GPU_KINDS = ("GPU", "iGPU")
 # Backend names as the user knows them, matched against ggml's registry names.
 _GPU_BACKEND_NAMES = ("CUDA", "ROCm", "HIP", "Vulkan", "Metal", "SYCL", "OpenCL", "CANN", "MUSA")
 
@@ -112,17 +114,16 @@ def _list_devices() -> tuple[ComputeDevice, ...]:
     if lib is None:
         return ()
     devices = []
-    for index in range(lib.ggml_backend_dev_count()):
-        device = lib.ggml_backend_dev_get(index)
+    for name, kind, device in ggml_devices():
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
         devices.append(
             ComputeDevice(
-                name=(lib.ggml_backend_dev_name(device) or b"").decode(errors="replace"),
+                name=name,
                 description=(lib.ggml_backend_dev_description(device) or b"").decode(
                     errors="replace"
                 ),
-                kind=_DEVICE_TYPE_NAMES.get(lib.ggml_backend_dev_type(device), "unknown"),
+                kind=kind,
                 memory_free=free.value or None,
                 memory_total=total.value or None,
             )
@@ -207,7 +208,7 @@ def llama_build_info() -> LlamaBuildInfo:
     # llama.cpp says it can offload whenever the RPC backend is built in; SpecDeck means a
     # GPU of this machine (workers are not registered, so they are not among the devices).
     supports_offload = bool(llama_cpp.llama_supports_gpu_offload()) and any(
-        device.kind in ("GPU", "iGPU") for device in devices
+        device.kind in GPU_KINDS for device in devices
     )
     backend = _backend_name(devices, system_info) if supports_offload else "CPU"
     return LlamaBuildInfo(

@@ -17,7 +17,7 @@ import numpy as np
 from backends.engines.base import EngineBase
 from backends.engines.chat_template import ChatTemplate
 from backends.engines.hardware import (
-    LlamaBuildInfo,
+    GPU_KINDS,
     available_memory,
     ggml_devices,
     llama_build_info,
@@ -38,7 +38,6 @@ from backends.engines.rpc import (
     WorkerAddress,
     WorkerConnections,
     WorkerDevice,
-    WorkerError,
     WorkerStatus,
     check_workers,
     connect_devices,
@@ -46,6 +45,7 @@ from backends.engines.rpc import (
     holds_connection,
     parse_split,
     parse_workers,
+    refuse_abandoned,
     split_layers,
 )
 from backends.engines.weight_placement import (
@@ -268,7 +268,7 @@ class LlamaEngine(EngineBase):
         self._remote: tuple[RemoteDevice, ...] = ()
         worker_addresses = () if is_draft else parse_workers(self.settings.workers)
         if worker_addresses:
-            self._place_on_workers(model_params, worker_addresses, build)
+            self._place_on_workers(model_params, worker_addresses)
         self._progress_callback = None
         if progress is not None:
             report = progress
@@ -359,7 +359,6 @@ class LlamaEngine(EngineBase):
         self,
         model_params: llama_model_params,
         addresses: tuple[WorkerAddress, ...],
-        build: LlamaBuildInfo,
     ) -> None:
         """Point llama.cpp at the workers' devices (and this machine's GPUs), layer split set.
 
@@ -367,20 +366,12 @@ class LlamaEngine(EngineBase):
         abort inside llama.cpp; its connection is then held open (and given keepalive and
         timeouts) from here to the end of the load.
         """
-        for address in addresses:
-            if address in _abandoned_workers:
-                raise WorkerError(
-                    f"worker {address} was lost by this engine process; restart it to use "
-                    "that worker again (Reload models does)"
-                )
+        refuse_abandoned(addresses)
         check_workers([address for address in addresses if not holds_connection(address)])
         self._remote = connect_devices(addresses)
         self._links = HeldLinks(self._remote)
         self._workers = WorkerConnections(addresses)
-        local_gpus = [device for device in build.devices if device.kind in ("GPU", "iGPU")]
-        local_pointers = [
-            pointer for name, kind, pointer in ggml_devices() if kind in ("GPU", "iGPU")
-        ]
+        local_gpus = [pointer for _name, kind, pointer in ggml_devices() if kind in GPU_KINDS]
         per_worker: dict[WorkerAddress, int] = {}
         for device in self._remote:
             per_worker[device.address] = per_worker.get(device.address, 0) + 1
@@ -393,11 +384,11 @@ class LlamaEngine(EngineBase):
             cpu_share = 0.0 if local_gpus else local_share
         else:
             worker_shares = [float(device_memory(device.pointer)[0]) for device in self._remote]
-            gpu_shares = [float(gpu.memory_free or 0) for gpu in local_gpus]
+            gpu_shares = [float(device_memory(gpu)[0]) for gpu in local_gpus]
             cpu_share = 0.0 if local_gpus else float(available_memory())
         n_layers = self.info.n_layers or 1
         plan = split_layers(n_layers, worker_shares, gpu_shares, cpu_share)
-        pointers = [device.pointer for device in self._remote] + local_pointers
+        pointers = [device.pointer for device in self._remote] + local_gpus
         self._device_list = (ctypes.c_void_p * (len(pointers) + 1))(*pointers, None)
         self._tensor_split = (ctypes.c_float * self._llama.llama_max_devices())(*plan.device_shares)
         # llama-cpp-python binds this field as a bare pointer (it never uses it).
@@ -547,9 +538,8 @@ class LlamaEngine(EngineBase):
         if lost:
             # Freeing buffers on a lost worker would abort the process inside llama.cpp:
             # leave the model to the process's end, and its workers unusable until then.
-            _abandoned_workers.update(lost)
             assert self._workers is not None
-            self._workers.close(keep_live=True)  # the model keeps the others' connections
+            self._workers.close(model_kept=True)
             log.warning(
                 "worker(s) %s lost: %s stays in memory until the engine process ends",
                 ", ".join(map(str, lost)),
@@ -561,7 +551,3 @@ class LlamaEngine(EngineBase):
             self._llama.llama_model_free(self._model)
         if self._workers is not None:
             self._workers.close()
-
-
-# Workers this process lost while a model held them: llama.cpp keeps their dead connection.
-_abandoned_workers: set[WorkerAddress] = set()

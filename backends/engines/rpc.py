@@ -433,6 +433,18 @@ def connect_devices(addresses: Sequence[WorkerAddress]) -> tuple[RemoteDevice, .
 _held: dict[WorkerAddress, socket.socket] = {}
 # Workers whose link a model left to the process's end (its worker lost) still uses.
 _pinned: set[WorkerAddress] = set()
+# Workers this process lost while a model held them: llama.cpp keeps their dead link.
+_abandoned: set[WorkerAddress] = set()
+
+
+def refuse_abandoned(addresses: Sequence[WorkerAddress]) -> None:
+    """WorkerError for a worker this process lost: llama.cpp would reuse its dead link."""
+    for address in addresses:
+        if address in _abandoned:
+            raise WorkerError(
+                f"worker {address} was lost by this engine process; restart it to use "
+                "that worker again (Reload models does)"
+            )
 
 
 def holds_connection(address: WorkerAddress) -> bool:
@@ -516,17 +528,19 @@ class WorkerConnections:
         """Workers whose connection the other side closed (or reset)."""
         return [address for address, sock in self._sockets.items() if _closed(sock)]
 
-    def close(self, *, keep_live: bool = False) -> None:
+    def close(self, *, model_kept: bool = False) -> None:
         """Let go of the connections.
 
-        ``keep_live``: the model stays in memory, so those still open stay known as held
-        for as long as the process lives.
+        ``model_kept``: the model stays in memory (a worker was lost), so the links still
+        open stay known as held, and the lost workers are refused from now on.
         """
         for address, connection in self._sockets.items():
             registered = _held.get(address) is connection
-            if keep_live and not _closed(connection):
+            if model_kept and not _closed(connection):
                 _pinned.add(address)
                 continue
+            if model_kept:
+                _abandoned.add(address)
             if registered and address in _pinned:
                 continue  # the model left in memory still uses this link
             if registered:
@@ -584,6 +598,7 @@ __all__ = [
     "parse_worker",
     "parse_workers",
     "probe_worker",
+    "refuse_abandoned",
     "require_rpc_function",
     "split_layers",
     "wait_for_worker",

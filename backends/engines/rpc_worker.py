@@ -10,16 +10,13 @@ from __future__ import annotations
 import ctypes
 from typing import TYPE_CHECKING
 
-from backends.engines.hardware import ggml_devices
+from backends.engines.hardware import GPU_KINDS, ggml_devices
 from backends.engines.llama import init_llama_cpp
 from backends.engines.rpc import WorkerError, require_rpc_function
 from backends.errors import SettingsError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-
-# ggml device kinds a worker serves by default: its GPUs, else its CPU (as rpc-server does).
-_GPU_KINDS = ("GPU", "iGPU")
 
 
 def serve_worker(host: str, port: int, n_threads: int, device_names: Sequence[str] = ()) -> None:
@@ -46,7 +43,7 @@ def serve_worker(host: str, port: int, n_threads: int, device_names: Sequence[st
             raise SettingsError(f"no device {unknown[0]!r} here; devices: {names}")
         chosen = [by_name[name] for name in device_names]
     else:
-        gpus = [pointer for _name, kind, pointer in available if kind in _GPU_KINDS]
+        gpus = [pointer for _name, kind, pointer in available if kind in GPU_KINDS]
         cpus = [pointer for _name, kind, pointer in available if kind == "CPU"]
         chosen = gpus or cpus[:1]
     if not chosen:
