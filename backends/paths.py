@@ -12,6 +12,7 @@ import platformdirs
 APP_NAME = "SpecDeck"
 DATA_DIR_ENV = "SPECDECK_DATA_DIR"
 MODELS_DIR_ENV = "SPECDECK_MODELS_DIR"
+CACHE_DIR_ENV = "SPECDECK_CACHE_DIR"
 
 
 def user_data_dir() -> Path:
@@ -26,6 +27,14 @@ def models_dir() -> Path:
     """SpecDeck's own model folder (``$SPECDECK_MODELS_DIR`` wins, else ``<data dir>/models``)."""
     override = os.environ.get(MODELS_DIR_ENV)
     return Path(override) if override else user_data_dir() / "models"
+
+
+def cache_dir() -> Path:
+    """The folder for files SpecDeck can make again (``$SPECDECK_CACHE_DIR`` wins)."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    return (
+        Path(override) if override else Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
+    )
 
 
 def write_json_atomically(path: Path, data: Any) -> None:

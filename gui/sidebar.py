@@ -68,7 +68,15 @@ NO_MAIN_MODEL = "Pick a main model first (or get the default pair)"
 
 # Settings that change what a load asks for (and so the memory a pair needs).
 PAIR_SETTINGS = frozenset(
-    {"engine", "speculation_method", "context_size", "weight_repacking", "workers", "layer_split"}
+    {
+        "engine",
+        "speculation_method",
+        "context_size",
+        "weight_repacking",
+        "workers",
+        "layer_split",
+        "draft_weights",
+    }
 )
 
 LoadState = Literal["unloaded", "loading", "loaded"]

@@ -51,7 +51,9 @@ def smollm_target(smollm_path: Path) -> Iterator[LlamaEngine]:
 
 @pytest.fixture(scope="session")
 def smollm_draft(smollm_path: Path) -> Iterator[LlamaEngine]:
-    with LlamaEngine(smollm_path, LlamaLoadSettings(n_ctx=TEST_CONTEXT), is_draft=True) as engine:
+    """SmolLM2 drafting for itself with its own weights (as stored, not the Q4_0 copy)."""
+    settings = LlamaLoadSettings(n_ctx=TEST_CONTEXT, draft_weights="stored")
+    with LlamaEngine(smollm_path, settings, is_draft=True) as engine:
         yield engine
 
 

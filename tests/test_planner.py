@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -46,13 +46,22 @@ class FixedLookup:
         return 0.0
 
 
+@dataclass
+class SeenTokens:
+    """What a draft model's cache holds (all the planner asks of its engine)."""
+
+    cached_tokens: list[int] = field(default_factory=list)
+
+
 @dataclass(eq=False)
 class ModelLike:
     """Stands in for a draft model drafter: not a lookup, costs come from the planner."""
 
     name: str = "draft model"
     lookup: bool = False
-    engine: None = None  # its costs are given to the planner directly
+    # Its costs are given to the planner directly; an engine only says what it has read
+    # (a SeenTokens: Any, since the Drafter protocol names a whole ModelEngine).
+    engine: Any = None
     last_passes: tuple[tuple[int, float], ...] = ()
     stats: DrafterStats = field(default_factory=DrafterStats)
 
@@ -174,3 +183,76 @@ def test_calibration_on_a_real_engine(smollm_target: LlamaEngine) -> None:
     assert all(seconds > 0 for seconds in costs.seconds.values())
     assert costs.cost(4) > costs.cost(1)
     assert list(smollm_target.cached_tokens) == []
+
+
+def test_a_draft_model_behind_by_the_prompt_is_still_used() -> None:
+    # A draft at 40 % of a target step, batches of 4 for 1.6 steps (the default pair on a
+    # 2-core CPU, with the draft's Q4_0 copy): it pays at high acceptance.
+    target = BatchCosts({1: 0.072, 2: 0.108, 3: 0.133, 4: 0.117, 8: 0.203, 16: 0.3})
+    draft = BatchCosts({1: 0.029, 2: 0.045, 4: 0.039, 8: 0.07, 16: 0.12, 64: 0.3})
+    model = ModelLike(engine=SeenTokens())  # it has read nothing yet
+    planner = DraftPlanner(target, [model], {model: draft})
+    for _ in range(40):
+        planner.acceptance(model).observe(3, 3)
+    # Charged to one round, reading a 200-token prompt (about 0.9 s) would never pay, and
+    # the draft, never used, would fall further behind every round.
+    context = list(range(200))
+    plan = planner.plan(context, {model: 3}, None, ask_proposal, horizon=128)
+    assert plan.drafter is model
+    assert plan.draft_tokens == 3
+    # Spread over the tokens still to come: with two tokens left it does not pay.
+    assert planner.plan(context, {model: 3}, None, ask_proposal, horizon=2).drafter is None
+
+
+def test_a_draft_model_that_keeps_stopping_early_is_dropped() -> None:
+    target = BatchCosts({1: 0.072, 2: 0.108, 3: 0.133, 4: 0.117, 8: 0.203, 16: 0.3})
+    draft = BatchCosts({1: 0.029, 2: 0.045, 4: 0.039, 8: 0.07, 16: 0.12})
+    model = ModelLike()
+    planner = DraftPlanner(target, [model], {model: draft})
+    plan = planner.plan([1], {model: 3}, None, ask_proposal)
+    assert plan.drafter is model
+    # Every token it gives is right, but mostly it gives none (p-min stops it): each such
+    # round costs a draft pass and a plain step for one token.
+    for round_number in range(12):
+        drafted = 1 if round_number % 4 == 0 else 0
+        planner.observe_round(plan, drafted, drafted, 0, 0.0)
+    assert planner.acceptance(model).rate(0) > 0.75
+    assert planner.continuation(model).rate(0) < 0.4
+    assert planner.plan([1], {model: 3}, None, ask_proposal).drafter is None
+
+
+def test_a_new_answer_halves_what_the_last_taught_about_the_draft_model() -> None:
+    model = ModelLike()
+    lookup = FixedLookup([1, 2])
+    planner = DraftPlanner(linear(0.02), [model, lookup], {model: linear(0.01)})
+    for _ in range(30):
+        planner.acceptance(model).observe(3, 3)
+        planner.continuation(model).observe(3, 3)
+        planner.acceptance(lookup, 20).observe(2, 2)
+    seen = sum(planner.acceptance(model).reached)
+    stops = sum(planner.continuation(model).reached)
+    lookup_seen = sum(planner.acceptance(lookup, 20).reached)
+    planner.start_answer()
+    assert sum(planner.acceptance(model).reached) == pytest.approx(seen / 2)
+    assert sum(planner.continuation(model).reached) == pytest.approx(stops / 2)
+    # A lookup's record is about the chat, not the kind of text: kept.
+    assert sum(planner.acceptance(lookup, 20).reached) == pytest.approx(lookup_seen)
+
+
+def test_a_draft_model_waits_for_a_sure_target() -> None:
+    model = ModelLike()
+    planner = DraftPlanner(linear(0.002, 0.02), [model], {model: linear(0.001)})
+    assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is model  # no loop: on
+    planner.start_answer()
+    # The first rounds of an answer measure how sure the target is of its own tokens.
+    for _ in range(3):
+        planner.observe_target_confidence(0.95)
+        assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is None
+    planner.observe_target_confidence(0.95)
+    assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is model
+    # Prose: the target hesitates (0.66 on average for the 1.5B): the draft model rests,
+    # however cheap it is.
+    planner.start_answer()
+    for probability in (0.99, 0.4, 0.7, 0.55, 0.9, 0.6):
+        planner.observe_target_confidence(probability)
+    assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is None

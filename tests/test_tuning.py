@@ -137,11 +137,21 @@ def _draft_opener(info: ModelInfo) -> Iterator[ModelEngine]:
         yield draft
 
 
+@contextlib.contextmanager
+def _own_weights_opener(info: ModelInfo) -> Iterator[ModelEngine]:
+    """As stored: SmolLM2 drafting for itself with its own weights (not the Q4_0 copy)."""
+    settings = LlamaLoadSettings(n_ctx=TEST_CONTEXT, draft_weights="stored")
+    with LlamaEngine(info.path, settings, is_draft=True) as draft:
+        yield draft
+
+
 def test_the_trials_rank_plain_the_lookups_and_the_draft_within_the_budget(
     smollm_target: LlamaEngine, smollm_path: Path
 ) -> None:
     messages: list[tuple[float, str]] = []
-    tuner = SetupTuner(smollm_target, _draft_opener, progress=lambda f, m: messages.append((f, m)))
+    tuner = SetupTuner(
+        smollm_target, _own_weights_opener, progress=lambda f, m: messages.append((f, m))
+    )
     setups = candidate_setups([read_catalog_model(smollm_path)])
     budget = 30.0
     outcome = tuner.run(setups, trial_prompts(), budget_seconds=budget, max_tokens=48)
@@ -200,7 +210,7 @@ def test_cancel_stops_the_trials_and_the_main_model_answers_after(
         if message.startswith("ngram-simple"):
             cancel.set()
 
-    tuner = SetupTuner(smollm_target, _draft_opener, progress=progress, cancel=cancel)
+    tuner = SetupTuner(smollm_target, _own_weights_opener, progress=progress, cancel=cancel)
     setups = candidate_setups([read_catalog_model(smollm_path)])
     outcome = tuner.run(setups, trial_prompts(), budget_seconds=120, max_tokens=32)
     assert outcome.cancelled
@@ -218,7 +228,7 @@ def test_cancel_stops_the_trials_and_the_main_model_answers_after(
 
 
 def test_impossible_trials_are_one_line_errors(smollm_target: LlamaEngine) -> None:
-    tuner = SetupTuner(smollm_target, _draft_opener)
+    tuner = SetupTuner(smollm_target, _own_weights_opener)
     with pytest.raises(SettingsError, match="at least 20 seconds"):
         tuner.run(candidate_setups([]), trial_prompts(), budget_seconds=5)
     with pytest.raises(SettingsError, match="start with plain decoding"):
@@ -232,7 +242,7 @@ def test_a_result_is_remembered_for_its_model_and_machine(
     key = machine_key(smollm_path, smollm_target.load_report)
     assert key.threads == smollm_target.load_report.n_threads
     assert memory.recall(key) is None
-    tuner = SetupTuner(smollm_target, _draft_opener)
+    tuner = SetupTuner(smollm_target, _own_weights_opener)
     outcome = tuner.run([TrialSetup("off")], trial_prompts()[:1], budget_seconds=20)
     memory.remember(RememberedTuning.of(key, outcome))
     recall = memory.recall(key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -16,6 +17,7 @@ import numpy as np
 
 from backends.engines.base import EngineBase
 from backends.engines.chat_template import ChatTemplate
+from backends.engines.draft_weights import DraftWeights, check_draft_weights, drafting_file
 from backends.engines.hardware import (
     GPU_KINDS,
     available_memory,
@@ -92,6 +94,8 @@ _MODEL_BUFFER_LINE = re.compile(r"(\S+) model buffer size\s*=")
 # RPC0, is_swa = 0".
 _LAYER_DEVICE_LINE = re.compile(r"layer\s+(\d+) assigned to device (\S+?),")
 _LLAMA_SPLIT_MODE_LAYER = 1
+_LLAMA_FTYPE_MOSTLY_Q4_0 = 2
+_GGML_TYPE_Q4_0 = 2
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,10 @@ class LlamaLoadSettings:
     # computer; empty = by free memory. gpu_layers does not apply with workers.
     workers: tuple[str, ...] = ()
     layer_split: tuple[float, ...] = ()
+    # A draft's weights: "auto" drafts with a Q4_0 copy where that is lighter and the draft
+    # runs on the CPU (backends/engines/draft_weights.py); "stored" or "q4_0" force it.
+    # Ignored for a main model.
+    draft_weights: DraftWeights = "auto"
 
     @property
     def risky(self) -> RiskySettings:
@@ -143,6 +151,7 @@ class LlamaLoadSettings:
                 f"weight repacking must be one of {choices}, got {self.weight_repacking!r}"
             )
         parse_split(self.layer_split, len(parse_workers(self.workers)))
+        check_draft_weights(self.draft_weights)
 
 
 class _NativeLog:
@@ -232,6 +241,42 @@ def exact_batch_ceiling() -> int:
     return max(rows, 8) - 1
 
 
+def requantize_q4_0(source: Path, target: Path) -> None:
+    """Write ``source`` with every quantized tensor in Q4_0 (embedding and output too).
+
+    Written beside ``target`` and renamed, so a crash or a full disk never leaves half a
+    model where a later load would find it. A one-line ModelFileError if llama.cpp refuses.
+    """
+    import llama_cpp
+
+    native = init_llama_cpp()
+    native.take_errors()
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = _LLAMA_FTYPE_MOSTLY_Q4_0
+    params.token_embedding_type = _GGML_TYPE_Q4_0
+    params.output_tensor_type = _GGML_TYPE_Q4_0
+    params.allow_requantize = True
+    params.nthread = 0  # all cores
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        status = llama_cpp.llama_model_quantize(
+            str(source).encode(), str(partial).encode(), ctypes.byref(params)
+        )
+        if status != 0 or not partial.is_file():
+            detail = native.take_errors() or f"llama_model_quantize returned {status}"
+            raise ModelFileError(f"cannot requantize draft {source.name} to Q4_0: {detail}")
+        os.replace(partial, target)
+    except OSError as error:
+        raise ModelFileError(
+            f"cannot write the Q4_0 copy of draft {source.name} to {target.parent}: "
+            f"{error.strerror or error}"
+        ) from error
+    finally:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+
+
 class LlamaEngine(EngineBase):
     """A GGUF model loaded into llama.cpp with one context and one sequence."""
 
@@ -279,7 +324,15 @@ class LlamaEngine(EngineBase):
 
             self._progress_callback = llama_cpp.llama_progress_callback(on_progress)
             model_params.progress_callback = self._progress_callback
-        model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+        load_path, weights_note = self.path, None
+        if is_draft:
+            load_path, weights_note = drafting_file(
+                self.info,
+                self.settings.draft_weights,
+                on_gpu=build.supports_gpu_offload,
+                requantize=requantize_q4_0,
+            )
+        model = llama_cpp.llama_model_load_from_file(str(load_path).encode(), model_params)
         if self._links is not None:
             self._links.release()  # the model's buffers hold the connections now
         if not model:
@@ -348,7 +401,7 @@ class LlamaEngine(EngineBase):
             kv_cache_on_gpu=build.supports_gpu_offload and offloaded > 0,
             n_threads=threads,
             unified_memory=build.backend == "Metal",
-            notes=(self.weight_plan.note,),
+            notes=(self.weight_plan.note,) + ((weights_note,) if weights_note else ()),
             weight_buffers=weight_buffers,
             layer_placement=layer_placement,
         )

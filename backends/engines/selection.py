@@ -11,6 +11,7 @@ from backends.errors import SettingsError
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from backends.engines.draft_weights import DraftWeights
     from backends.engines.interface import ModelEngine
     from backends.engines.llama import LoadProgress
     from backends.service.protocol import EngineKind
@@ -38,6 +39,7 @@ def open_engine(
     progress: LoadProgress | None = None,
     workers: tuple[str, ...] = (),
     layer_split: tuple[float, ...] = (),
+    draft_weights: DraftWeights = "auto",
 ) -> ModelEngine:
     """Load ``path`` with the engine ``kind``; the draft always goes fully onto the GPU.
 
@@ -45,7 +47,8 @@ def open_engine(
     tokenizer.json), which ``backends.models.gguf_to_mlx`` can make from a GGUF file.
     ``settings`` holds the main model's GPU layers (a draft goes fully onto the GPU), the
     threads and weight repacking; ``workers`` (llama.cpp RPC, "host:port") hold part of a
-    main model, split by ``layer_split`` or by free memory.
+    main model, split by ``layer_split`` or by free memory. ``draft_weights`` says whether a
+    llama.cpp draft drafts with a Q4_0 copy (``backends.engines.draft_weights``).
     """
     checkpoint("draft-model" if is_draft else "main-model", path, safe=settings == SAFEST)
     if kind == "llama.cpp":
@@ -58,6 +61,7 @@ def open_engine(
             weight_repacking=settings.weight_repacking,
             workers=() if is_draft else workers,
             layer_split=() if is_draft else layer_split,
+            draft_weights=draft_weights,
         )
         return LlamaEngine(path, load, is_draft=is_draft, progress=progress)
     if kind == "mlx":

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from backends.engines.draft_weights import DRAFT_WEIGHT_MODES
 from backends.engines.interface import DEFAULT_CONTEXT_SIZE, ChatMessage
 from backends.engines.load_guard import (
     SAFEST,
@@ -71,6 +72,7 @@ from backends.speculation.types import (
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
+    from backends.engines.draft_weights import DraftWeights
     from backends.engines.interface import ModelEngine
     from backends.service.protocol import EngineKind
 
@@ -215,6 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="llama.cpp's repacked CPU weight layouts (never AMX); auto = on",
     )
+    parser.add_argument(
+        "--draft-weights",
+        choices=DRAFT_WEIGHT_MODES,
+        default="auto",
+        help="the draft's weights: auto = a Q4_0 copy (made once) where that is lighter and "
+        "the draft runs on the CPU; stored = the file as it is; q4_0 = always the copy",
+    )
     add_worker_options(parser)
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -294,40 +303,50 @@ def _mlx_folder(path: Path) -> Path:
     return ensure_mlx_import(path, ImportProgressBar(sys.stderr, path.stem))
 
 
+@dataclass(frozen=True)
+class PairOptions:
+    """How the bench loads its pair: engine, context, crash-prone settings, workers, draft."""
+
+    n_ctx: int = DEFAULT_CONTEXT_SIZE
+    engine: EngineKind = "llama.cpp"
+    load_settings: RiskySettings = DEFAULT_LOAD
+    # llama.cpp RPC workers holding part of the main model, split by layer_split.
+    workers: tuple[str, ...] = ()
+    layer_split: tuple[float, ...] = ()
+    draft_weights: DraftWeights = "auto"
+
+
 @contextmanager
 def loaded_pair(
-    main_path: Path,
-    draft_path: Path | None,
-    *,
-    n_ctx: int = DEFAULT_CONTEXT_SIZE,
-    engine: EngineKind = "llama.cpp",
-    load_settings: RiskySettings = DEFAULT_LOAD,
-    workers: tuple[str, ...] = (),
-    layer_split: tuple[float, ...] = (),
+    main_path: Path, draft_path: Path | None, options: PairOptions = PairOptions()
 ) -> Iterator[tuple[ModelEngine, ModelEngine | None]]:
-    """Check the pair, load both models (the draft fully offloaded), close them after.
-
-    ``workers`` (llama.cpp RPC) hold part of the main model, split by ``layer_split``.
-    """
+    """Check the pair, load both models (the draft fully offloaded), close them after."""
     from backends.engines.selection import open_engine
 
     if draft_path is not None:
         check_compatibility(read_catalog_model(main_path), read_catalog_model(draft_path))
 
     main = open_engine(
-        engine,
+        options.engine,
         main_path,
-        n_ctx=n_ctx,
-        settings=load_settings,
-        workers=workers,
-        layer_split=layer_split,
+        n_ctx=options.n_ctx,
+        settings=options.load_settings,
+        workers=options.workers,
+        layer_split=options.layer_split,
     )
     try:
         if draft_path is None:
             checkpoint("loaded", main_path)
             yield main, None
             return
-        draft = open_engine(engine, draft_path, n_ctx=n_ctx, settings=load_settings, is_draft=True)
+        draft = open_engine(
+            options.engine,
+            draft_path,
+            n_ctx=options.n_ctx,
+            settings=options.load_settings,
+            is_draft=True,
+            draft_weights=options.draft_weights,
+        )
         checkpoint("loaded", main_path)
         try:
             yield main, draft
@@ -359,8 +378,14 @@ def _load_report(main: ModelEngine, draft: ModelEngine | None, prompt: int) -> d
         "backend": main.load_report.backend,
         "exact_batch_limit": main.exact_batch_limit,
         "prompt_tokens": prompt,
-        # What was chosen for the weights and why ("weight repacking on (auto), AMX ...").
-        "notes": list(main.load_report.notes),
+        # What was chosen for the weights and why ("weight repacking on (auto), AMX ..."),
+        # then what only the draft says ("draft requantized to Q4_0 for speed ...").
+        "notes": list(main.load_report.notes)
+        + [
+            note
+            for note in (draft.load_report.notes if draft is not None else ())
+            if note not in main.load_report.notes
+        ],
         "main_weight_buffers": list(main.load_report.weight_buffers),
         "workers": [status.summary() for status in main.worker_statuses()],
     }
@@ -374,23 +399,11 @@ def run_bench(
     *,
     method: SpeculationMethod = DEFAULT_METHOD,
     adaptive: bool = True,
-    n_ctx: int = DEFAULT_CONTEXT_SIZE,
     warmup: bool = True,
-    engine: EngineKind = "llama.cpp",
-    load_settings: RiskySettings = DEFAULT_LOAD,
-    workers: tuple[str, ...] = (),
-    layer_split: tuple[float, ...] = (),
+    options: PairOptions = PairOptions(),
 ) -> tuple[BenchResult, dict[str, object]]:
     """Load the pair, run plain then speculative decoding, return both and a load report."""
-    with loaded_pair(
-        main_path,
-        draft_path,
-        n_ctx=n_ctx,
-        engine=engine,
-        load_settings=load_settings,
-        workers=workers,
-        layer_split=layer_split,
-    ) as (main, draft):
+    with loaded_pair(main_path, draft_path, options) as (main, draft):
         plain = SpeculativeDecoder(main)
         speculative = build_decoder(method, main, draft, adaptive=adaptive, p_min=settings.p_min)
         prompt = plain.prompt_tokens(messages)
@@ -444,13 +457,9 @@ def run_suite(
     draft_path: Path,
     settings: GenerationSettings,
     *,
-    n_ctx: int = DEFAULT_CONTEXT_SIZE,
     prompt_keys: Sequence[str] | None = None,
     progress: TextIO | None = None,
-    engine: EngineKind = "llama.cpp",
-    load_settings: RiskySettings = DEFAULT_LOAD,
-    workers: tuple[str, ...] = (),
-    layer_split: tuple[float, ...] = (),
+    options: PairOptions = PairOptions(),
 ) -> tuple[list[SuiteRow], dict[str, object]]:
     """Every suite prompt, plain and with every method, at temperature 0, in one process.
 
@@ -460,15 +469,7 @@ def run_suite(
     """
     greedy = replace(settings, sampling=replace(settings.sampling, temperature=0.0))
     rows: list[SuiteRow] = []
-    with loaded_pair(
-        main_path,
-        draft_path,
-        n_ctx=n_ctx,
-        engine=engine,
-        load_settings=load_settings,
-        workers=workers,
-        layer_split=layer_split,
-    ) as (main, draft):
+    with loaded_pair(main_path, draft_path, options) as (main, draft):
         costs = CostCache()
         decoders = {
             label: build_decoder(
@@ -757,6 +758,14 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
         for note in avoided:
             print(f"{PROG}: {note}", file=sys.stderr)
         _report_stages(stage_file, risky)
+        options = PairOptions(
+            n_ctx=args.ctx,
+            engine=args.engine,
+            load_settings=risky,
+            workers=workers,
+            layer_split=layer_split,
+            draft_weights=args.draft_weights,
+        )
         if args.suite:
             if args.prompt is not None or args.prompt_file is not None:
                 raise SettingsError("--suite runs its own prompts; drop --prompt/--prompt-file")
@@ -766,11 +775,7 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
                 settings,
                 prompt_keys=_suite_keys(args.suite_prompts),
                 progress=None if args.json else sys.stderr,
-                n_ctx=args.ctx,
-                engine=args.engine,
-                load_settings=risky,
-                workers=workers,
-                layer_split=layer_split,
+                options=options,
             )
             suite_report["notes"] = [*avoided, *suite_report["notes"]]  # type: ignore[misc]
             if args.json:
@@ -786,11 +791,7 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
             method=method,
             adaptive=not args.fixed_draft,
             warmup=not args.no_warmup,
-            n_ctx=args.ctx,
-            engine=args.engine,
-            load_settings=risky,
-            workers=workers,
-            layer_split=layer_split,
+            options=options,
         )
         report["notes"] = [*avoided, *report["notes"]]  # type: ignore[misc]
     except SpecDeckError as error:

@@ -403,6 +403,7 @@ class EngineServer:
                 n_ctx=request.n_ctx,
                 settings=request.risky,
                 is_draft=True,
+                draft_weights=request.draft_weights,
             )
             try:
                 yield draft

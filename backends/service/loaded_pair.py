@@ -157,6 +157,7 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
                 settings=request.risky,
                 is_draft=True,
                 progress=part(main_share, 1.0 - main_share, f"loading {draft_info.name}"),
+                draft_weights=request.draft_weights,
             )
         pair = LoadedPair(request, main, draft)
         if request.method == "auto":

@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from backends.engines.draft_weights import DraftWeights, check_draft_weights
 from backends.engines.interface import DEFAULT_CONTEXT_SIZE, ChatMessage
 from backends.engines.load_guard import RiskySettings
 from backends.engines.rpc import parse_split, parse_workers
@@ -65,6 +66,7 @@ class LoadRequest:
     # share per worker, the last for this computer; empty = by free memory).
     workers: tuple[str, ...] = ()
     layer_split: tuple[float, ...] = ()
+    draft_weights: DraftWeights = "auto"  # a Q4_0 copy of a CPU draft where lighter
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
@@ -81,6 +83,7 @@ class LoadRequest:
                 f"weight repacking must be one of {choices}, got {self.weight_repacking!r}"
             )
         parse_method(self.method)
+        check_draft_weights(self.draft_weights)
         if self.method == "draft-model" and self.draft_path is None:
             raise SettingsError("'draft model only' needs a draft model; pick one")
         if self.n_ctx < 256:

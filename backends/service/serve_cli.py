@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backends.engines.draft_weights import DRAFT_WEIGHT_MODES
 from backends.engines.interface import DEFAULT_CONTEXT_SIZE
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SpecDeckError
@@ -98,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None, help="default: physical cores")
     parser.add_argument("--gpu-layers", type=int, default=-1, help="main model layers on GPU")
     parser.add_argument("--weight-repacking", choices=WEIGHT_REPACKING_MODES, default="auto")
+    parser.add_argument(
+        "--draft-weights",
+        choices=DRAFT_WEIGHT_MODES,
+        default="auto",
+        help="auto = draft with a Q4_0 copy (made once) where lighter on the CPU",
+    )
     add_worker_options(parser)
     defaults = parser.add_argument_group("generation defaults (a request may override them)")
     defaults.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
@@ -243,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             weight_repacking=args.weight_repacking,
             workers=workers,
             layer_split=layer_split,
+            draft_weights=args.draft_weights,
         )
     except SpecDeckError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

@@ -39,7 +39,12 @@ from backends.engines.interface import ChatMessage, LogitRows, ModelEngine, exte
 from backends.errors import ContextOverflowError, SettingsError
 from backends.speculation.drafters import NoDrafter
 from backends.speculation.planner import DRAFT_CALIBRATION_SIZES, CostCache, DraftPlanner
-from backends.speculation.sampling import probabilities, residual_distribution, sample
+from backends.speculation.sampling import (
+    probabilities,
+    residual_distribution,
+    sample,
+    top_probability,
+)
 from backends.speculation.types import (
     Draft,
     Drafter,
@@ -223,7 +228,7 @@ class _Generation:
         if self.sampling.greedy and settings.exact_batches and limit is not None and limit >= 1:
             self.exact_chunk = limit
         if planner is not None:
-            planner.forget_shadows()
+            planner.start_answer()
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -286,7 +291,9 @@ class _Generation:
                     return None, drafter, draft
             raise AssertionError("unreachable")
         limits = {d: self._draft_limit(d, budget) for d in self.drafters}
-        plan = self.planner.plan(self.context, limits, self.exact_chunk, self._make_draft)
+        plan = self.planner.plan(
+            self.context, limits, self.exact_chunk, self._make_draft, horizon=budget
+        )
         if plan.drafter is None:
             return plan, None, Draft([], None)
         if plan.proposal is not None:
@@ -382,6 +389,7 @@ class _Generation:
         for index, row in enumerate(self._target_rows(proposed)):
             if index == len(proposed):
                 # Every draft token was accepted: the last row gives a bonus token.
+                self._observe_confidence(row)
                 return index, int(np.argmax(row)) if greedy else sample(
                     probabilities(row, self.sampling), self.rng
                 )
@@ -390,19 +398,23 @@ class _Generation:
             if greedy:
                 best = int(np.argmax(row))
                 if best != token:
+                    self._observe_confidence(row)
                     return index, best
             else:
                 p = probabilities(row, self.sampling)
                 if self.settings.verification == "sample-match":
                     own = sample(p, self.rng)
                     if own != token:
+                        self._observe_confidence(row)
                         return index, own
                 elif draft.distributions is not None:
                     q = draft.distributions[index]
                     ratio = p[token] / q[token] if q[token] > 0.0 else 0.0
                     if self.rng.random() >= min(1.0, ratio):
+                        self._observe_confidence(row)
                         return index, sample(residual_distribution(p, q), self.rng)
                 elif self.rng.random() >= p[token]:
+                    self._observe_confidence(row)
                     # A deterministic draft is a point mass q = 1 at the proposed token:
                     # accept with probability p(x); the residual max(0, p - q) is p without x.
                     residual = p.copy()
@@ -410,6 +422,15 @@ class _Generation:
                     return index, sample(residual / residual.sum(), self.rng)
             accepted_at[index] += 1
         raise AssertionError("the target produced fewer rows than asked for")
+
+    def _observe_confidence(self, row: LogitRows) -> None:
+        """Tell the planner how sure the target is of the token it gives this round.
+
+        Only a draft model's planning uses it (its priors): one softmax over the vocabulary
+        per round, about 0.3 ms on the 1.5B's 151,936 tokens, skipped without one.
+        """
+        if self.planner is not None and any(not d.lookup for d in self.drafters):
+            self.planner.observe_target_confidence(top_probability(row, self.sampling))
 
     # -- emitting tokens -------------------------------------------------------------------
 

@@ -21,6 +21,14 @@ Lookup drafters are asked first (a lookup costs microseconds), and their proposa
 scored against the tokens that follow even when they were not used, so their estimates
 stay current for free. A draft model's estimate is optimistic while it has little data and
 drifts back towards optimism while unused, so a pair that may pay gets tried again.
+
+A draft model has two more estimates: how often it goes on drafting (it stops where its
+confidence falls below p-min, which shortens both its passes and the verification), and
+what it must read before it can draft. Beyond its steady catch-up (the last draft token and
+the target's own) that reading (the prompt, on its first round) is paid once, so it is
+spread over the tokens still to come instead of charged to one round. And a draft model
+is tried only where the target is sure of its own tokens (on average over the answer so
+far): code, not prose.
 """
 
 from __future__ import annotations
@@ -47,6 +55,22 @@ COST_SMOOTHING = 0.25  # weight of a new timing in a batch size's moving average
 ACCEPTANCE_DECAY = 0.98  # older rounds count for less: the text changes as it goes
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior rate
 DRAFT_MODEL_PRIOR = 0.75  # what a compatible draft model typically gets per position
+CONTINUATION_PRIOR = 0.9  # how often a draft model's confidence stays above p-min, per token
+# How sure a draft model is changes with the kind of text faster than whether its sure
+# tokens are right: its continuation forgets sooner, and a new answer (maybe prose after
+# code) halves the weight of what the last one taught about the draft model.
+CONTINUATION_DECAY = 0.9
+NEW_ANSWER_FADE = 0.5
+# A draft model is a candidate only while the target is, on average over this answer, at
+# least this sure of its own tokens: a small model agrees with a big one where the big one
+# is sure, and where it hesitates the draft mostly stops at once (p-min) or is refused.
+# The 1.5B gave its tokens 0.91-0.97 on average on code, 0.66 on prose (on a 2-core Xeon),
+# and on prose the 0.5B's drafts cost more than they gave at every p-min tried (0.4-0.75).
+CONFIDENT_TARGET = 0.8
+# The average is the answer's mean over its first CONFIDENCE_MEMORY rounds and a moving
+# average of that memory after; a draft model waits for CONFIDENCE_ROUNDS of them.
+CONFIDENCE_MEMORY = 16
+CONFIDENCE_ROUNDS = 4
 # A lookup's first token is a guess whose odds grow with the match behind it; once it is
 # right the lookup is usually copying, and the next ones are right too. Evidence 0 is a
 # proposal with no match behind it (edit copy's guess where an edit ends, a chain of
@@ -57,6 +81,13 @@ UNUSED_DRIFT = 0.995  # per round a drafter sits unused, its evidence fades (re-
 GAIN_MARGIN = 1.03  # speculate only when expected to be at least this much faster
 EVIDENCE_LEVELS = (0, 1, 4, 8, 16)  # lookup evidence buckets: match length >= each bound
 SHADOW_LIMIT = 64  # longest unused lookup proposal scored against the real continuation
+# A draft model evaluates, before its first draft token of a round, what it has not seen:
+# in steady use the last draft token and the target's own token (2). More than that (the
+# prompt, or text written while the lookups drafted) is paid once and then serves every
+# later round, so it is spread over the tokens still to come, at most this many (answers
+# often end well before their budget).
+STEADY_CATCH_UP = 2
+CATCH_UP_HORIZON = 128
 
 
 @dataclass
@@ -156,6 +187,7 @@ class PositionAcceptance:
     later_prior: float | None = None  # prior of positions after the first (None: ``prior``)
     reached: list[float] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
+    decay: float = ACCEPTANCE_DECAY  # what earlier rounds count for, at each new one
 
     def rate(self, position: int, *, optimism: float = 0.0) -> float:
         """Estimated P(token ``position`` accepted | the ones before it were), 0-based."""
@@ -171,7 +203,7 @@ class PositionAcceptance:
         """One verified draft: ``accepted`` of its ``drafted`` tokens kept."""
         if drafted <= 0:
             return
-        self.fade(ACCEPTANCE_DECAY)
+        self.fade(self.decay)
         reached_positions = min(drafted, accepted + 1)
         while len(self.reached) < reached_positions:
             self.reached.append(0.0)
@@ -230,6 +262,10 @@ class DraftPlanner:
         self.drafters = list(drafters)
         self._draft_costs = dict(draft_costs or {})
         self._acceptance: dict[tuple[Drafter, int], PositionAcceptance] = {}
+        self._continuation: dict[Drafter, PositionAcceptance] = {}
+        self._target_confidence = 0.0  # this answer's, moving average
+        self._confidence_rounds = 0
+        self._confidence_expected = False  # set once a loop reports confidence per round
         self._overhead = 0.0  # seconds of loop time per round outside the engines
         self._shadows: list[_Shadow] = []
         self._rounds_unused: dict[int, int] = {}
@@ -252,6 +288,18 @@ class DraftPlanner:
             else:
                 estimate = PositionAcceptance(DRAFT_MODEL_PRIOR)
             self._acceptance[key] = estimate
+        return estimate
+
+    def continuation(self, drafter: Drafter) -> PositionAcceptance:
+        """How often a draft model goes on to its ``i``-th token, given it gave the ones before.
+
+        A draft model stops early where its top probability falls below p-min; a lookup's
+        proposal is known before the plan, so lookups have no such estimate.
+        """
+        estimate = self._continuation.get(drafter)
+        if estimate is None:
+            estimate = PositionAcceptance(CONTINUATION_PRIOR, decay=CONTINUATION_DECAY)
+            self._continuation[drafter] = estimate
         return estimate
 
     def draft_costs(self, drafter: Drafter) -> BatchCosts | None:
@@ -283,23 +331,49 @@ class DraftPlanner:
         evidence: int,
         exact_chunk: int | None,
         catch_up: int,
+        horizon: int,
     ) -> tuple[int, float]:
-        """The draft length (1..limit) with the highest expected rate, and that rate."""
+        """The draft length (1..limit) with the highest expected rate, and that rate.
+
+        A draft model's catch-up beyond :data:`STEADY_CATCH_UP` tokens is spread over the
+        next ``horizon`` tokens (capped at :data:`CATCH_UP_HORIZON`).
+        """
         optimism = 0.0 if drafter.lookup else 0.25
         reach = self.acceptance(drafter, evidence).expected_tokens(limit, optimism=optimism)
+        # given[n]: P(the drafter gives at least n tokens); a lookup's proposal is all there.
+        given = [1.0] * (limit + 1)
+        if not drafter.lookup:
+            given = self.continuation(drafter).expected_tokens(limit)
         costs = self.draft_costs(drafter)
+        one_time = 0.0
+        steady = 1
+        if costs is not None:
+            steady = max(1, min(catch_up, STEADY_CATCH_UP))
+            one_time = max(0.0, costs.cost(max(1, catch_up)) - costs.cost(steady))
+        # Verifying n drafted tokens, for every n the drafter may stop at.
+        verify = [self.verify_seconds(n, reach, exact_chunk) for n in range(limit + 1)]
         best_k, best_rate = 0, 0.0
         expected = 1.0
         for k in range(1, limit + 1):
-            expected += reach[k]
-            seconds = self.verify_seconds(k, reach, exact_chunk) + self._overhead
+            # Token k counts if the drafter gave it and it and every one before were accepted.
+            expected += given[k] * reach[k]
+            seconds = self._overhead
+            passes = 0.0
+            for n in range(k + 1):
+                stops_at_n = given[n] - (given[n + 1] if n < k else 0.0)
+                seconds += stops_at_n * verify[n]
+                # One forward pass per drafted token that is not the last of the plan.
+                passes += stops_at_n * min(n, k - 1)
             if costs is not None:
-                # Catching the draft's cache up, then one forward pass per drafted token
-                # after the first (which comes from the catch-up pass).
-                seconds += costs.cost(max(1, catch_up)) + (k - 1) * costs.cost(1)
+                # Catching the draft's cache up (its pass gives the first token), then the
+                # passes that give the others.
+                seconds += costs.cost(steady) + passes * costs.cost(1)
             rate = expected / seconds
             if rate > best_rate:
                 best_k, best_rate = k, rate
+        if one_time > 0.0 and best_rate > 0.0:
+            tokens = max(1, min(horizon, CATCH_UP_HORIZON))
+            best_rate = tokens / (tokens / best_rate + one_time)
         return best_k, best_rate
 
     # -- planning --------------------------------------------------------------------------
@@ -310,8 +384,12 @@ class DraftPlanner:
         limits: dict[Drafter, int],
         exact_chunk: int | None,
         make_proposal: Callable[[Drafter, int], Draft],
+        horizon: int = CATCH_UP_HORIZON,
     ) -> RoundPlan:
-        """Choose this round's plan; ``limits`` maps each drafter to its draft-length cap."""
+        """Choose this round's plan; ``limits`` maps each drafter to its draft-length cap.
+
+        ``horizon``: how many tokens the generation may still produce.
+        """
         plain = self.plain_rate()
         best = RoundPlan(None, 0, None, plain, plain)
         for drafter in self.drafters:
@@ -324,12 +402,14 @@ class DraftPlanner:
                     continue
                 self._add_shadow(drafter, proposal, len(context))
                 k, rate = self._best_length(
-                    drafter, len(proposal.tokens), proposal.evidence, exact_chunk, 0
+                    drafter, len(proposal.tokens), proposal.evidence, exact_chunk, 0, horizon
                 )
                 candidate = RoundPlan(drafter, k, proposal, rate, plain)
             else:
+                if not self.target_sure_enough():
+                    continue
                 catch_up = _catch_up_tokens(drafter, context)
-                k, rate = self._best_length(drafter, limit, 0, exact_chunk, catch_up)
+                k, rate = self._best_length(drafter, limit, 0, exact_chunk, catch_up, horizon)
                 candidate = RoundPlan(drafter, k, None, rate, plain)
             if k > 0 and candidate.expected_rate > best.expected_rate:
                 best = candidate
@@ -350,12 +430,36 @@ class DraftPlanner:
         evidence: int,
         overhead_seconds: float,
     ) -> None:
-        """Learn from a verified round: acceptance of the drafter used, loop overhead."""
+        """Learn from a verified round: acceptance of the drafter used, loop overhead.
+
+        A draft model that gave fewer tokens than planned stopped where its confidence
+        fell below p-min: that is learnt apart from acceptance (:meth:`continuation`).
+        """
+        if plan.drafter is not None and not plan.drafter.lookup and plan.draft_tokens > 0:
+            self.continuation(plan.drafter).observe(plan.draft_tokens, drafted)
         if plan.drafter is not None and drafted > 0:
             self.acceptance(plan.drafter, evidence).observe(drafted, accepted)
             self._shadows = [s for s in self._shadows if s.drafter is not plan.drafter]
         if overhead_seconds >= 0.0:
             self._overhead += COST_SMOOTHING * (overhead_seconds - self._overhead)
+
+    def observe_target_confidence(self, probability: float) -> None:
+        """The target's probability of its own token this round (a softmax maximum)."""
+        self._confidence_rounds += 1
+        weight = 1.0 / min(self._confidence_rounds, CONFIDENCE_MEMORY)
+        self._target_confidence += weight * (probability - self._target_confidence)
+
+    def target_sure_enough(self) -> bool:
+        """Whether the target is sure enough of its tokens in this answer for a draft model.
+
+        True for a planner no loop reports confidence to (planned on its own).
+        """
+        if not self._confidence_expected:
+            return True
+        return (
+            self._confidence_rounds >= CONFIDENCE_ROUNDS
+            and self._target_confidence >= CONFIDENT_TARGET
+        )
 
     def observe_target(self, size: int, seconds: float) -> None:
         """A measured target forward pass of ``size`` tokens."""
@@ -395,6 +499,21 @@ class DraftPlanner:
     def forget_shadows(self) -> None:
         """Drop pending proposals (the context was replaced)."""
         self._shadows.clear()
+
+    def start_answer(self) -> None:
+        """A new generation: pending proposals dropped, the draft models' record faded.
+
+        The target's confidence is measured afresh on the new answer.
+        """
+        self.forget_shadows()
+        self._target_confidence = 0.0
+        self._confidence_rounds = 0
+        self._confidence_expected = True
+        for (drafter, _level), estimate in self._acceptance.items():
+            if not drafter.lookup:
+                estimate.fade(NEW_ANSWER_FADE)
+        for estimate in self._continuation.values():
+            estimate.fade(NEW_ANSWER_FADE)
 
 
 def _catch_up_tokens(drafter: Drafter, context: Sequence[int]) -> int:

@@ -92,7 +92,9 @@ def test_answer_highlights_exactly_the_accepted_draft_tokens(
     window.client.run_started.connect(
         lambda *_: captions.append(window.meter.value_texts()["caption"])
     )
-    assert "CPU" in window.sidebar.placement_text() or "GPU" in window.sidebar.placement_text()
+    placement = window.sidebar.placement_text()
+    assert "CPU" in placement or "GPU" in placement
+    assert "draft requantized to Q4_0 for speed" in placement  # on the CPU, by default
     assert window.chat.browser.placeholderText() == READY_CHAT_HINT  # loaded: no "Load…" hint
     assert _ask(qtbot, window, QUESTION) == "complete"
     stats = recorder.stats

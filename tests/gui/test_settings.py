@@ -31,6 +31,7 @@ REQUIRED_DEFAULTS: dict[str, object] = {
     "speculation_method": "auto",
     "draft_max": DEFAULT_DRAFT_MAX,
     "p_min": DEFAULT_P_MIN,
+    "draft_weights": "auto",
     "exact_verification": True,
     "temperature": 0.0,
     "top_p": 1.0,
@@ -310,6 +311,9 @@ def test_load_request_for_uses_engine_and_context(settings_path: Path) -> None:
     assert request.n_ctx == 8192
     assert request.engine == "llama.cpp"
     assert request.method == "auto"
+    assert request.draft_weights == "auto"
+    settings.set("draft_weights", "stored")
+    assert load_request_for(settings, "/m.gguf", "/d.gguf", "auto").draft_weights == "stored"
     plain = load_request_for(settings, "/models/main.gguf", None, "off", engine="mlx")
     assert plain.draft_path is None
     assert plain.engine == "mlx"
