@@ -45,10 +45,13 @@ def test_json_output_on_self_speculation(smollm_path: Path) -> None:
         "--method",
         "draft-model",
         "--fixed-draft",
+        "--draft-weights",
+        "stored",
         "--json",
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
+    assert not any("Q4_0" in note for note in data["load"]["notes"])  # its own weights
     assert set(data) >= {"baseline", "speculative", "speedup", "identical"}
     for run in ("baseline", "speculative"):
         assert set(data[run]) >= {
@@ -113,7 +116,10 @@ def test_sampled_json_has_null_identical(smollm_path: Path) -> None:
         "--json",
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["identical"] is None
+    data = json.loads(done.stdout)
+    assert data["identical"] is None
+    # By default a draft on the CPU drafts with its Q4_0 copy, and the report says so.
+    assert any(note.startswith("draft requantized to Q4_0") for note in data["load"]["notes"])
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:

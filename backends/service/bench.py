@@ -847,6 +847,7 @@ def _tune(args: argparse.Namespace, stage_file: Path) -> int:
         engine=args.engine,
         load_settings=risky,
         progress=None if args.json else sys.stderr,
+        draft_weights=args.draft_weights,
     )
     name = read_catalog_model(main_path).display_name
     print_tuning(tuning, verdicts, recalled, name, as_json=args.json)

@@ -37,6 +37,7 @@ from backends.service.tuning_memory import RememberedTuning, TuningMemory, machi
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
+    from backends.engines.draft_weights import DraftWeights
     from backends.engines.interface import ModelEngine
     from backends.engines.load_guard import RiskySettings
     from backends.models.draft_verdict import DraftVerdict
@@ -57,6 +58,7 @@ def run_tune(
     load_settings: RiskySettings,
     memory: TuningMemory | None = None,
     progress: TextIO | None = None,
+    draft_weights: DraftWeights = "auto",
 ) -> tuple[RememberedTuning, list[DraftVerdict], bool]:
     """Tune (or recall) for ``main_path``; returns the result, the verdicts, and if recalled.
 
@@ -89,7 +91,12 @@ def run_tune(
         @contextlib.contextmanager
         def open_draft(info: ModelInfo) -> Iterator[ModelEngine]:
             draft = open_engine(
-                engine, Path(info.path), n_ctx=n_ctx, settings=load_settings, is_draft=True
+                engine,
+                Path(info.path),
+                n_ctx=n_ctx,
+                settings=load_settings,
+                is_draft=True,
+                draft_weights=draft_weights,
             )
             try:
                 yield draft
