@@ -79,6 +79,9 @@ def test_the_copy_is_q4_0_made_once_and_remade_when_the_source_changes(
     assert copy.stat().st_mtime_ns == stamp
     assert note is not None
     assert "made once" not in note
+    # Another model whose name starts with this one's keeps its copy.
+    other = folder / f"{source.stem}.Q8.1-2-v1.q4_0.gguf"
+    other.write_bytes(b"another model's copy")
     # The source changes (a new download): a new copy, and the stale one is gone.
     os.utime(source, ns=(stamp, stamp + 10**9))
     newer, _ = drafting_file(
@@ -87,7 +90,7 @@ def test_the_copy_is_q4_0_made_once_and_remade_when_the_source_changes(
     assert newer != copy
     assert newer.is_file()
     assert not copy.exists()
-    assert sorted(p.name for p in folder.iterdir()) == [newer.name]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([newer.name, other.name])
     # As stored: the source itself, no note.
     assert drafting_file(
         info, "stored", on_gpu=False, requantize=requantize_q4_0, folder=folder

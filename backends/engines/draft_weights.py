@@ -6,7 +6,7 @@ rows of 896 values cannot hold K-quants (256-value blocks), so its "Q4_K_M" file
 back to Q5_0/Q8_0 and keeps the 151,936-row embedding (also its output layer) in Q8_0:
 over 6 bits per weight in all. Requantized to Q4_0 throughout (4.5 bits, a format llama.cpp
 repacks for its fastest CPU kernels) its pass costs 29 ms instead of 39 ms on a 2-core
-Xeon, and it still agrees with the 1.5B on 92-95 % of its drafts (README). Only the draft
+Xeon, and it still agrees with the 1.5B on 91-95 % of its drafts (README). Only the draft
 is ever requantized: the main model decides every token, so the output stays exactly the
 main model's.
 
@@ -101,7 +101,9 @@ def drafting_file(
         return target, f"draft requantized to Q4_0 for speed (from {before:.1f} bits per weight)"
     started = time.perf_counter()
     requantize(info.path, target)
-    for stale in target.parent.glob(f"{info.path.stem}.*.q4_0.gguf"):
+    # Only this model's copies: "<stem>.<size>-<mtime>-v<n>.q4_0.gguf", not another model
+    # whose name starts with this one's stem.
+    for stale in target.parent.glob(f"{info.path.stem}.[0-9]*-[0-9]*-v*.q4_0.gguf"):
         if stale != target:
             stale.unlink(missing_ok=True)
     seconds = time.perf_counter() - started
