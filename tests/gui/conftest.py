@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pytestqt.qtbot import QtBot
 
     from gui.engine_client import EngineClient
+    from gui.main_window import MainWindow
     from gui.settings import AppSettings
 
 # Before any QApplication exists: no display on CI machines.
@@ -58,6 +59,16 @@ def engine_wait(
         client.crashed.disconnect(died)
     if deaths:
         pytest.fail(f"the engine process died instead: {deaths[0]}")
+
+
+def assert_partial_answer_kept(window: MainWindow) -> None:
+    """An answer cut short: its text stays on screen and in the history, marked an error."""
+    shown = window.chat.answer_text()
+    assert shown
+    assert window.conversation_id is not None
+    stored = window.store.messages(window.conversation_id)[-1]
+    assert stored.state == "error"
+    assert stored.content == shown
 
 
 def smollm_pair_settings(model: Path, *, max_tokens: int) -> AppSettings:

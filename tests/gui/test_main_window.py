@@ -16,7 +16,7 @@ from backends.speculation.types import TokenOrigin
 from gui.chat_store import ChatStore
 from gui.main_window import READY_CHAT_HINT, MainWindow
 from gui.settings import AppSettings
-from tests.gui.conftest import engine_wait, smollm_pair_settings
+from tests.gui.conftest import assert_partial_answer_kept, engine_wait, smollm_pair_settings
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -193,12 +193,7 @@ def test_killing_the_engine_mid_answer_keeps_the_chat_and_offers_reload(
     assert finished.args == ["error"]
     assert window.crash_banner.isVisible()
     assert "engine process" in window.crash_label.text()
-    shown = window.chat.answer_text()
-    assert shown
-    assert window.conversation_id is not None
-    stored = window.store.messages(window.conversation_id)[-1]
-    assert stored.state == "error"
-    assert stored.content == shown
+    assert_partial_answer_kept(window)
     assert not window.send_button.isEnabled()
 
     with engine_wait(qtbot, window.client, window.models_loaded, LOAD_TIMEOUT_MS):

@@ -13,7 +13,7 @@ from backends.engines.rpc import REPLY_TIMEOUT_ENV
 from backends.errors import SettingsError
 from gui.main_window import RELOAD_TEXT, MainWindow
 from gui.worker_loss import mentions_rpc_failure
-from tests.gui.conftest import engine_wait, smollm_pair_settings
+from tests.gui.conftest import assert_partial_answer_kept, engine_wait, smollm_pair_settings
 from tests.gui.test_main_window import _open_window
 from tests.workers import Worker, free_port
 
@@ -105,12 +105,7 @@ def test_a_worker_killed_mid_answer_keeps_the_answer_and_reloads_without_it(
             assert f"Worker {leaver} stopped answering mid-answer (connection refused" in text
             assert mentions_rpc_failure(window.client.last_log_lines())
         # The partial answer is kept, on screen and in the history, with the reason.
-        shown = window.chat.answer_text()
-        assert shown
-        assert window.conversation_id is not None
-        stored = window.store.messages(window.conversation_id)[-1]
-        assert stored.state == "error"
-        assert stored.content == shown
+        assert_partial_answer_kept(window)
         # No load crash was recorded: the settings were not at fault.
         last = window.last_load
         assert last is not None
