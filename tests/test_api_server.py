@@ -177,12 +177,15 @@ def collect_stream(server: Served, **request: Any) -> tuple[str, list[dict[str, 
 def test_a_streamed_answer_marks_which_tokens_the_draft_made(server: Served) -> None:
     rewrite = "Repeat this line exactly: the quick brown fox jumps over the lazy dog, twice."
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": rewrite}]
+    # The draft model forced every round: whether auto drafts a 10-token answer depends on
+    # this machine's costs, and this test is about the origins of drafted tokens.
     text, tokens, chunks = collect_stream(
         server,
         messages=messages,
         max_tokens=64,
         temperature=0,
         stream_options={"include_usage": True},
+        extra_body={"specdeck": {"method": "draft-model", "p_min": 0.0}},
     )
     whole = server.client().chat.completions.create(
         model="SmolLM2-135M-Instruct.Q4_1",
@@ -200,7 +203,7 @@ def test_a_streamed_answer_marks_which_tokens_the_draft_made(server: Served) -> 
     # An accepted end-of-generation token is counted as accepted but never sent as text.
     unsent = stats["accepted_draft_tokens_count"] - drafted
     assert unsent == 0 or (unsent == 1 and stats["stop_reason"] == "eosFound")
-    assert drafted > 0  # the pair drafts the repeat
+    assert drafted > 0  # the draft model drafted every round
     assert {t["origin"] for t in tokens} <= {"draft", "target"}
     usage = chunks[-1].usage
     assert chunks[-1].choices == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -42,12 +43,13 @@ QUESTION = "Write a Python function that checks whether a number is prime."
 class EngineProcess:
     """Drives ``python -m backends.service.engine_server`` and reads its events with a timeout."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "backends.service.engine_server"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            env=env,
         )
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -229,16 +231,46 @@ def test_bad_input_is_one_line_error_and_the_process_lives_on(
     assert engine_process.close() == 0
 
 
-def test_native_output_never_reaches_the_event_stream(
-    engine_process: EngineProcess, smollm_path: Path
-) -> None:
-    engine_process.send(load_command(LoadRequest(str(smollm_path), method="off")))
-    events = engine_process.until("loaded", "error")
-    # Every line parsed as a protocol event (the reader would have raised otherwise).
-    assert {e["type"] for e in events} <= {"load_stage", "load_progress", "loaded"}
-    assert engine_process.close() == 0
-    assert engine_process.process.stderr is not None
-    assert b"llama" in engine_process.process.stderr.read()
+# Native code that prints to its standard output after every model load, as some backends'
+# libraries do (llama.cpp itself logs through SpecDeck's callback): C's printf, not Python.
+_NATIVE_PRINTER = """
+import ctypes
+
+import backends.engines.llama as llama
+
+_load = llama.LlamaEngine.__init__
+
+
+def _load_and_print(self, *args, **kwargs):
+    _load(self, *args, **kwargs)
+    libc = ctypes.CDLL(None)
+    libc.printf(b"native noise from llama on stdout\\n")
+    libc.fflush(None)
+
+
+llama.LlamaEngine.__init__ = _load_and_print
+"""
+
+
+def test_native_output_never_reaches_the_event_stream(smollm_path: Path, tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(_NATIVE_PRINTER, encoding="utf-8")
+    paths = [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]
+    engine_process = EngineProcess({**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
+    try:
+        assert engine_process.next_event()["type"] == "ready"
+        engine_process.send(load_command(LoadRequest(str(smollm_path), method="off")))
+        events = engine_process.until("loaded", "error")
+        # Every line parsed as a protocol event (the reader would have raised otherwise).
+        assert {e["type"] for e in events} <= {"load_stage", "load_progress", "loaded"}
+        engine_process.send(_ask("Say hi.", max_tokens=4))
+        assert engine_process.until("finished", "error")[-1]["type"] == "finished"
+        assert engine_process.close() == 0
+        assert engine_process.process.stderr is not None
+        assert b"native noise from llama on stdout" in engine_process.process.stderr.read()
+    finally:
+        if engine_process.process.poll() is None:
+            engine_process.process.kill()
+            engine_process.process.wait()
 
 
 def test_mlx_folders_answer_through_the_same_process(
