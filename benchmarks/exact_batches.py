@@ -16,7 +16,13 @@ steps compute: only then is greedy speculative output plain decoding. In stock l
 
 SpecDeck's build (``packaging/llama.cpp/exact-batches.patch``) makes the GEMM sum like the
 GEMV, and adds ``GGML_CPU_TILED_MM_MIN_ROWS`` (SpecDeck sets 64): below it, batches take
-the single-step kernels, from it on (prompt reading) the tiled one.
+the single-step kernels, from it on (prompt reading) the tiled one. Its own CPU kernels
+(``fast-kernels.patch``, AVX-512) then make those batches cheap: rows against repacked
+Q4_K and Q4_0 weights, and columns against Q6_K ones, take kernels that share each weight
+load between the rows while computing every row as llama.cpp's single step does, and
+matmuls of fewer than 64 rows hand each thread a few contiguous chunks of weight rows;
+``GGML_CPU_SPECDECK_KERNELS=0`` turns both off. ``logit_digest`` (SHA-256 of the logits of
+batches 1 .. ``--probe``) shows that a configuration computes the same numbers as another.
 
 Each configuration loads the model in its own process (the variables are read once) and
 reports the exact limit (batches probed up to ``--probe``), decode tok/s, prompt tok/s and
@@ -30,6 +36,7 @@ llama-cpp-python's ``LLAMA_CPP_LIB_PATH``; they are left out until that build ex
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -52,6 +59,7 @@ CONFIGURATIONS: dict[str, tuple[WeightRepacking, dict[str, str]]] = {
     "SpecDeck, repacking on (default)": ("on", {}),
     "SpecDeck, repacking off": ("off", {}),
     "SpecDeck, repacking on, tiled from 8 rows": ("on", {"GGML_CPU_TILED_MM_MIN_ROWS": "8"}),
+    "SpecDeck, repacking on, its kernels off": ("on", {"GGML_CPU_SPECDECK_KERNELS": "0"}),
     "stock, repacking on": ("on", {"LLAMA_CPP_LIB_PATH": STOCK}),
     "stock, repacking off": ("off", {"LLAMA_CPP_LIB_PATH": STOCK}),
     "stock, repacking off, tiled off": (
@@ -66,12 +74,16 @@ TEXT = "def merge(left, right):\n    result = []\n    while left and right:\n"
 def measure_here(
     model: Path, repacking: WeightRepacking, probe: int, timing: bool = True
 ) -> dict[str, Any]:
-    """The figures for one load in this process (only the exact limit without ``timing``)."""
+    """The figures for one load in this process (exactness and the digest without ``timing``)."""
     settings = LlamaLoadSettings(n_ctx=2048, weight_repacking=repacking, probe_exact_batch=False)
     with LlamaEngine(model, settings) as engine:
         limit = probe_exact_batch_limit(engine, probe, probe)
         if not timing:
-            return {"exact_batch_limit": limit, "all_probed_exact": limit == probe}
+            return {
+                "exact_batch_limit": limit,
+                "all_probed_exact": limit == probe,
+                "logit_digest": logit_digest(engine, probe),
+            }
         words = engine.tokenize(TEXT * 64, add_special=False, parse_special=False)
         prompt = words[:300]
         reads = []
@@ -89,6 +101,20 @@ def measure_here(
         "prompt_tok_s": round(len(prompt) / min(reads), 1),
         "batch_ms": batch_ms,
     }
+
+
+def logit_digest(engine: LlamaEngine, largest: int) -> str:
+    """SHA-256 of the logits of batches of 1 .. ``largest`` tokens after one start token."""
+    words = engine.tokenize(TEXT * 8, add_special=False, parse_special=False)
+    digest = hashlib.sha256()
+    engine.truncate(0)
+    engine.evaluate(words[:1], 1)
+    for size in range(1, largest + 1):
+        engine.truncate(1)
+        for row in engine.evaluate(words[1 : 1 + size], size):
+            digest.update(row.tobytes())
+    engine.truncate(0)
+    return digest.hexdigest()
 
 
 def batch_costs(

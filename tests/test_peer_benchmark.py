@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from backends.engines.llama import requantize_q4_0
 from benchmarks.exact_batches import run_child
 from benchmarks.peer_llama_cpp import (
     PeerTools,
@@ -223,10 +224,27 @@ needs_x86_tiled = pytest.mark.skipif(
 def test_every_verification_batch_is_exact_with_repacked_weights(qwen_main_path: Path) -> None:
     # Issue 14: with SpecDeck's build the default load (weights repacked) reproduces single
     # steps bit for bit for every probed batch (stock llama.cpp: up to 3 tokens).
-    assert run_child(qwen_main_path, "on", 17, {}, exactness_only=True) == {
-        "exact_batch_limit": 17,
-        "all_probed_exact": True,
-    }
+    result = run_child(qwen_main_path, "on", 17, {}, exactness_only=True)
+    assert (result["exact_batch_limit"], result["all_probed_exact"]) == (17, True)
+
+
+@needs_x86_tiled
+def test_the_small_batch_kernels_compute_what_llama_cpps_own_compute(
+    qwen_main_path: Path, qwen_draft_path: Path, tmp_path: Path
+) -> None:
+    # Where the CPU has them (AVX-512), batches of fewer than 64 rows take SpecDeck's kernels
+    # (repacked Q4_K and Q4_0 rows, Q6_K columns) and contiguous weight chunks per thread:
+    # every logit of every batch, single steps included, is the one llama.cpp's own paths
+    # give. The main model has the Q4_K and Q6_K weights, the draft's copy the Q4_0 ones.
+    draft_copy = tmp_path / "draft.q4_0.gguf"
+    requantize_q4_0(qwen_draft_path, draft_copy)
+    stock_paths = {"GGML_CPU_SPECDECK_KERNELS": "0"}
+    for model in (qwen_main_path, draft_copy):
+        kernels = run_child(model, "on", 17, {}, exactness_only=True)
+        llama_cpps = run_child(model, "on", 17, stock_paths, exactness_only=True)
+        assert kernels["logit_digest"] == llama_cpps["logit_digest"], model.name
+        assert kernels["all_probed_exact"], model.name
+        assert llama_cpps["all_probed_exact"], model.name
 
 
 @needs_x86_tiled
@@ -237,7 +255,7 @@ def test_the_tiled_matmul_from_8_rows_is_what_breaks_bigger_batches(qwen_main_pa
     for repacking in repackings:
         variables = {"GGML_CPU_TILED_MM_MIN_ROWS": "8"}
         result = run_child(qwen_main_path, repacking, 12, variables, exactness_only=True)
-        assert result == {"exact_batch_limit": 7, "all_probed_exact": False}, repacking
+        assert (result["exact_batch_limit"], result["all_probed_exact"]) == (7, False), repacking
 
 
 def test_a_failing_measuring_process_is_one_line_with_its_cause(tmp_path: Path) -> None:
