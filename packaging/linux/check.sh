@@ -115,6 +115,15 @@ if [ -f "$main_model" ] && grep -qw avx2 /proc/cpuinfo; then
             *) echo "check: batched logits differ from single-token ones" >&2; exit 1 ;;
         esac
     done
+    # SpecDeck's own kernels (AVX-512 libraries) compute what llama.cpp's own paths compute.
+    echo "check: the bundle's CPU library with SpecDeck's kernels off gives the same logits"
+    stock=$(GGML_CPU_SPECDECK_KERNELS=0 build/bundle-venv/bin/python -m \
+        benchmarks.exact_batches --child on --model "$main_model" --probe 17 \
+        --exactness-only 2>/dev/null | tail -n 1)
+    [ "${stock#*logit_digest}" = "${result#*logit_digest}" ] || {
+        echo "check: SpecDeck's kernels change the logits ($result against $stock)" >&2
+        exit 1
+    }
 fi
 echo "check: removing"
 DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq specdeck >/dev/null
