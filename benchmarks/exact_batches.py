@@ -201,14 +201,18 @@ def main() -> None:
         return
     print(f"{args.model.name} on {cpu_model_name()}")
     sizes = " / ".join(str(s) for s in BATCH_SIZES)
-    print(f"| configuration | exact up to | decode tok/s | prompt tok/s | batch ms ({sizes}) |")
+    header = f"batch ms, median of the rounds ({sizes})"
+    print(f"| configuration | exact up to | decode tok/s | prompt tok/s | {header} |")
     print("|---|---|---|---|---|")
     for name, samples in runs.items():
         limit = samples[0]["exact_batch_limit"]
         exact = f"all probed ({limit})" if samples[0]["all_probed_exact"] else str(limit)
         decode = " / ".join(f"{s['decode_tok_s']:.1f}" for s in samples)
         prompt = " / ".join(f"{s['prompt_tok_s']:.0f}" for s in samples)
-        costs = " / ".join(f"{samples[0]['batch_ms'][str(s)]:.0f}" for s in BATCH_SIZES)
+        costs = " / ".join(
+            f"{statistics.median(sample['batch_ms'][str(s)] for sample in samples):.0f}"
+            for s in BATCH_SIZES
+        )
         print(f"| {name} | {exact} | {decode} | {prompt} | {costs} |")
 
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from typing import TYPE_CHECKING
 
 import pytest
 
+from backends.engines.hardware import LlamaBuildInfo
 from backends.engines.load_guard import CRASH_AT_ENV, CRASH_RECORDS_FILE
+from backends.engines.weight_placement import cpu_flags
 from backends.paths import DATA_DIR_ENV
 
 if TYPE_CHECKING:
@@ -51,7 +54,8 @@ def test_json_output_on_self_speculation(smollm_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert not any("Q4_0" in note for note in data["load"]["notes"])  # its own weights
+    # The draft drafts with its own weights, not a Q4_0 copy.
+    assert not any(note.startswith("draft requantized") for note in data["load"]["notes"])
     assert set(data) >= {"baseline", "speculative", "speedup", "identical"}
     for run in ("baseline", "speculative"):
         assert set(data[run]) >= {
@@ -120,6 +124,38 @@ def test_sampled_json_has_null_identical(smollm_path: Path) -> None:
     assert data["identical"] is None
     # By default a draft on the CPU drafts with its Q4_0 copy, and the report says so.
     assert any(note.startswith("draft requantized to Q4_0") for note in data["load"]["notes"])
+
+
+# What SpecDeck's own CPU kernels need (packaging/llama.cpp/fast-kernels.patch).
+KERNEL_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() != "x86_64" or not cpu_flags() >= KERNEL_FLAGS,
+    reason="SpecDeck's CPU kernels are AVX-512 kernels in its x86 Linux build",
+)
+def test_the_load_report_names_specdeck_s_cpu_kernels_and_the_switch_turns_them_off(
+    smollm_path: Path,
+) -> None:
+    arguments = ("--main", smollm_path, "--draft", smollm_path, "--max-tokens", "4", "--json")
+    on = run_bench(*arguments)
+    assert on.returncode == 0, on.stderr
+    notes = json.loads(on.stdout)["load"]["notes"]
+    kernels = [note for note in notes if note.startswith("SpecDeck's CPU kernels")]
+    assert kernels == [
+        "SpecDeck's CPU kernels for Q4_K, Q4_0, Q6_K weights: llama.cpp's numbers, "
+        "single steps and verification batches in fewer instructions"
+    ]
+    off = run_bench(*arguments, env={"GGML_CPU_SPECDECK_KERNELS": "0"})
+    assert off.returncode == 0, off.stderr
+    notes = json.loads(off.stdout)["load"]["notes"]
+    assert not any("SpecDeck's CPU kernels" in note for note in notes)
+
+
+def test_the_cpu_backend_s_feature_line_says_which_kernels_it_has() -> None:
+    features = "CPU : AVX2 = 1 | AVX512 = 1 | SPECDECK_KERNELS = Q4_K Q4_0 Q6_K | OPENMP = 1 |"
+    assert LlamaBuildInfo("CPU", False, (), features).specdeck_kernels == ("Q4_K", "Q4_0", "Q6_K")
+    assert LlamaBuildInfo("CPU", False, (), "CPU : AVX2 = 1 | OPENMP = 1 |").specdeck_kernels == ()
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:

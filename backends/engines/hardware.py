@@ -63,6 +63,16 @@ class LlamaBuildInfo:
             return f"CPU ({self.cpu_variant})"
         return self.backend
 
+    @property
+    def specdeck_kernels(self) -> tuple[str, ...]:
+        """The weight types SpecDeck's own CPU kernels serve in this build, e.g. ("Q4_K", ...).
+
+        Empty for a stock llama.cpp, a CPU without AVX-512, or with the kernels switched off
+        (``GGML_CPU_SPECDECK_KERNELS=0``): llama.cpp's own kernels run then.
+        """
+        found = _SPECDECK_KERNELS_FEATURE.search(self.system_info)
+        return tuple(found.group(1).split()) if found else ()
+
 
 def ggml_device_library() -> ctypes.CDLL | None:
     """Libggml with the device functions typed (name, kind, memory), or None if unavailable."""
@@ -216,6 +226,8 @@ def llama_build_info() -> LlamaBuildInfo:
     )
 
 
+# The CPU backend lists "SPECDECK_KERNELS = Q4_K Q4_0 Q6_K" among its features (the patch).
+_SPECDECK_KERNELS_FEATURE = re.compile(r"SPECDECK_KERNELS = ([\w ]+?) \|")
 _CPU_VARIANT_LIBRARY = re.compile(r"ggml-cpu-([\w-]+)\.(?:so|dll|dylib)")
 
 

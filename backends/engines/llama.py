@@ -64,6 +64,8 @@ if TYPE_CHECKING:
 
     from llama_cpp import llama_model_params
 
+    from backends.engines.hardware import LlamaBuildInfo
+
 log = logging.getLogger(__name__)
 native_log = logging.getLogger("backends.engines.llama.native")
 
@@ -228,6 +230,17 @@ def init_llama_cpp() -> _NativeLog:
             llama_cpp.llama_backend_init()
             _native_log = _NativeLog()
         return _native_log
+
+
+def _kernels_note(build: LlamaBuildInfo, *, on_cpu: bool) -> tuple[str, ...]:
+    """The load report's line on SpecDeck's own CPU kernels, where they serve this model."""
+    kernels = build.specdeck_kernels
+    if not kernels or not on_cpu:
+        return ()
+    return (
+        f"SpecDeck's CPU kernels for {', '.join(kernels)} weights: llama.cpp's numbers, "
+        "single steps and verification batches in fewer instructions",
+    )
 
 
 def exact_batch_ceiling() -> int:
@@ -401,7 +414,9 @@ class LlamaEngine(EngineBase):
             kv_cache_on_gpu=build.supports_gpu_offload and offloaded > 0,
             n_threads=threads,
             unified_memory=build.backend == "Metal",
-            notes=(self.weight_plan.note,) + ((weights_note,) if weights_note else ()),
+            notes=(self.weight_plan.note,)
+            + ((weights_note,) if weights_note else ())
+            + _kernels_note(build, on_cpu=offloaded < n_layers),
             weight_buffers=weight_buffers,
             layer_placement=layer_placement,
         )
