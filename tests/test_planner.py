@@ -141,6 +141,36 @@ def test_long_lookup_drafts_when_batches_are_cheap_and_drafts_good() -> None:
     assert plan.drafter is None
 
 
+def test_a_long_draft_that_may_break_early_is_verified_in_chunks_where_rows_cost_more() -> None:
+    lookup = FixedLookup(list(range(16)))
+    # A CPU with SpecDeck's kernels: a few rows cost about one step, past them every row
+    # costs more; a GPU: a batch costs one step whatever its size.
+    cpu = BatchCosts({1: 0.023, 2: 0.026, 4: 0.034, 8: 0.062, 16: 0.124})
+    gpu = BatchCosts({b: 0.01 for b in (1, 2, 4, 8, 16)})
+    chunks = {}
+    for name, costs in (("cpu", cpu), ("gpu", gpu)):
+        planner = DraftPlanner(costs, [lookup])
+        for round_number in range(50):
+            # Copies right to the end 3 times in 5, else broken after the first token.
+            accepted = 16 if round_number % 5 < 3 else 1
+            planner.acceptance(lookup, 20).observe(16, accepted)
+        plan = planner.plan([1, 2, 3], {lookup: 16}, None, ask_proposal)
+        assert plan.drafter is lookup, name
+        assert plan.draft_tokens >= 12, name
+        chunks[name] = plan.verify_chunk
+        # The chunk the plan names is the one its expected time was computed with.
+        reach = planner.acceptance(lookup, 20).expected_tokens(plan.draft_tokens)
+        one_batch = planner.verify_seconds(plan.draft_tokens, reach, None)
+        chunked = planner.verify_seconds(plan.draft_tokens, reach, plan.verify_chunk)
+        assert chunked <= one_batch, name
+    assert chunks["cpu"] is not None
+    assert chunks["cpu"] <= 4  # 2 breaks in 5 after one token: small first chunks
+    assert chunks["gpu"] is None  # chunks would only add passes
+    # Never above the engine's bit-exact limit.
+    planner = DraftPlanner(cpu, [lookup])
+    assert planner.plan([1, 2, 3], {lookup: 16}, 3, ask_proposal).verify_chunk in (2, 3)
+
+
 def test_draft_model_too_expensive_is_not_used() -> None:
     model = ModelLike()
     # A draft step at 60% of a target step (the default pair on a 2-core CPU).

@@ -325,7 +325,7 @@ class _Generation:
             self._finish("cancelled")
             return
         started = time.perf_counter()
-        accepted, own_token = self._verify(draft)
+        accepted, own_token = self._verify(draft, plan.verify_chunk if plan else self.exact_chunk)
         self.stats.verify_seconds += time.perf_counter() - started
         self.stats.rounds += 1
         self.stats.draft_length_counts[len(draft.tokens)] = (
@@ -353,18 +353,21 @@ class _Generation:
                 )
             self.planner.score_shadows(self.context)
 
-    def _target_rows(self, proposed: list[int]) -> Iterator[LogitRows]:
+    def _target_rows(self, proposed: list[int], chunk_rows: int | None) -> Iterator[LogitRows]:
         """The target's logit rows 0..k for ``context + proposed``, evaluated lazily in chunks.
 
         Row j is the target's prediction after ``proposed[:j]``. At temperature 0 (unless
         ``exact_batches`` is off) the batch is split into chunks no larger than the engine's
         exact batch limit, so every row is bitwise what plain one-token-at-a-time decoding
-        computes; a rejection ends the round before later chunks are evaluated.
+        computes; the plan may ask for smaller chunks (``chunk_rows``), where checking a
+        draft that breaks early costs less that way. A rejection ends the round before later
+        chunks are evaluated.
         """
         total_rows = len(proposed) + 1
         chunk = total_rows
-        if self.exact_chunk is not None:
-            chunk = min(total_rows, self.exact_chunk)
+        for limit in (self.exact_chunk, chunk_rows):
+            if limit is not None:
+                chunk = min(chunk, max(1, limit))
         sequence = self.context + proposed
         first = 0
         while first < total_rows:
@@ -378,8 +381,12 @@ class _Generation:
             yield from rows
             first = last + 1
 
-    def _verify(self, draft: Draft) -> tuple[int, int]:
-        """Evaluate the draft with the target; return (accepted count, the target's token)."""
+    def _verify(self, draft: Draft, chunk_rows: int | None) -> tuple[int, int]:
+        """Evaluate the draft with the target; return (accepted count, the target's token).
+
+        ``chunk_rows``: rows per verification batch the plan asked for (None: as many as
+        exactness allows).
+        """
         proposed = draft.tokens
         positions = self.stats.verified_at_position
         accepted_at = self.stats.accepted_at_position
@@ -387,7 +394,7 @@ class _Generation:
             positions.append(0)
             accepted_at.append(0)
         greedy = self.sampling.greedy
-        for index, row in enumerate(self._target_rows(proposed)):
+        for index, row in enumerate(self._target_rows(proposed, chunk_rows)):
             if index == len(proposed):
                 # Every draft token was accepted: the last row gives a bonus token.
                 self._observe_confidence(row)

@@ -13,9 +13,14 @@ round which drafter to use (or none: plain decoding) and how many tokens to draf
   estimate; lookups keep one set per evidence level (length of the match).
 - :class:`DraftPlanner`: for every candidate ``k`` computes the expected tokens of the
   round, 1 + Σᵢ₌₁ᵏ Πⱼ₌₁ⁱ aⱼ (Leviathan et al. 2023 with per-position rates), over its
-  expected time (drafting, verification in the chunks the engine computes exactly, and the
-  loop's own overhead) and takes the best; plain decoding (``k = 0``) is always a candidate,
-  so a plan is chosen only when it is expected to be faster than not speculating.
+  expected time (drafting, verification, and the loop's own overhead) and takes the best;
+  plain decoding (``k = 0``) is always a candidate, so a plan is chosen only when it is
+  expected to be faster than not speculating.
+- Verification may go in chunks, a chunk evaluated only if every draft token before it was
+  accepted. Where a batch costs more per token the bigger it is (a CPU, past the few rows
+  that share each weight load) a long draft that is likely to break early is cheaper to
+  check in chunks; where it does not (a GPU) in one batch. The plan says which chunk size
+  its expected time was computed with (never above the engine's bit-exact limit).
 
 Lookup drafters are asked first (a lookup costs microseconds), and their proposals are
 scored against the tokens that follow even when they were not used, so their estimates
@@ -79,6 +84,7 @@ LOOKUP_FIRST_PRIORS = (0.2, 0.35, 0.5, 0.6, 0.7)  # by evidence level
 LOOKUP_LATER_PRIOR = 0.9
 UNUSED_DRIFT = 0.995  # per round a drafter sits unused, its evidence fades (re-exploration)
 GAIN_MARGIN = 1.03  # speculate only when expected to be at least this much faster
+VERIFY_CHUNKS = (2, 4, 8, 16)  # chunk sizes a plan may verify in, besides one batch
 EVIDENCE_LEVELS = (0, 1, 4, 8, 16)  # lookup evidence buckets: match length >= each bound
 SHADOW_LIMIT = 64  # longest unused lookup proposal scored against the real continuation
 # A draft model evaluates, before its first draft token of a round, what it has not seen:
@@ -235,6 +241,7 @@ class RoundPlan:
     proposal: Draft | None = None  # a lookup's proposal, already made (cut to draft_tokens)
     expected_rate: float = 0.0  # expected tokens per second of the plan
     plain_rate: float = 0.0  # expected tokens per second of plain decoding now
+    verify_chunk: int | None = None  # rows per verification batch (None: all in one)
 
 
 @dataclass
@@ -306,6 +313,12 @@ class DraftPlanner:
         """The calibrated forward-pass costs of a draft model (None for lookups)."""
         return self._draft_costs.get(drafter)
 
+    def verify_chunks(self, exact_chunk: int | None) -> tuple[int | None, ...]:
+        """The chunk sizes a plan may verify in: one batch (or the exact limit) and smaller."""
+        largest = exact_chunk
+        smaller = tuple(c for c in VERIFY_CHUNKS if largest is None or c < largest)
+        return (largest, *smaller)
+
     def verify_seconds(self, k: int, reach: Sequence[float], exact_chunk: int | None) -> float:
         """Expected time to verify ``k`` draft tokens (k + 1 rows), chunked, early exit."""
         rows = k + 1
@@ -332,12 +345,32 @@ class DraftPlanner:
         exact_chunk: int | None,
         catch_up: int,
         horizon: int,
-    ) -> tuple[int, float]:
-        """The draft length (1..limit) with the highest expected rate, and that rate.
+    ) -> tuple[int, float, int | None]:
+        """The draft length (1..limit) and verification chunk with the highest expected rate.
 
-        A draft model's catch-up beyond :data:`STEADY_CATCH_UP` tokens is spread over the
-        next ``horizon`` tokens (capped at :data:`CATCH_UP_HORIZON`).
+        Returns (length, rate, chunk). A draft model's catch-up beyond
+        :data:`STEADY_CATCH_UP` tokens is spread over the next ``horizon`` tokens (capped at
+        :data:`CATCH_UP_HORIZON`).
         """
+        best_k, best_rate, best_chunk = 0, 0.0, exact_chunk
+        for chunk in self.verify_chunks(exact_chunk):
+            k, rate = self._best_length_verified_in(
+                drafter, limit, evidence, chunk, catch_up, horizon
+            )
+            if rate > best_rate:
+                best_k, best_rate, best_chunk = k, rate, chunk
+        return best_k, best_rate, best_chunk
+
+    def _best_length_verified_in(
+        self,
+        drafter: Drafter,
+        limit: int,
+        evidence: int,
+        chunk: int | None,
+        catch_up: int,
+        horizon: int,
+    ) -> tuple[int, float]:
+        """The best draft length and its rate when verification goes in ``chunk`` rows."""
         optimism = 0.0 if drafter.lookup else 0.25
         reach = self.acceptance(drafter, evidence).expected_tokens(limit, optimism=optimism)
         # given[n]: P(the drafter gives at least n tokens); a lookup's proposal is all there.
@@ -351,7 +384,7 @@ class DraftPlanner:
             steady = max(1, min(catch_up, STEADY_CATCH_UP))
             one_time = max(0.0, costs.cost(max(1, catch_up)) - costs.cost(steady))
         # Verifying n drafted tokens, for every n the drafter may stop at.
-        verify = [self.verify_seconds(n, reach, exact_chunk) for n in range(limit + 1)]
+        verify = [self.verify_seconds(n, reach, chunk) for n in range(limit + 1)]
         best_k, best_rate = 0, 0.0
         expected = 1.0
         for k in range(1, limit + 1):
@@ -401,16 +434,18 @@ class DraftPlanner:
                 if not proposal.tokens:
                     continue
                 self._add_shadow(drafter, proposal, len(context))
-                k, rate = self._best_length(
+                k, rate, chunk = self._best_length(
                     drafter, len(proposal.tokens), proposal.evidence, exact_chunk, 0, horizon
                 )
-                candidate = RoundPlan(drafter, k, proposal, rate, plain)
+                candidate = RoundPlan(drafter, k, proposal, rate, plain, chunk)
             else:
                 if not self.target_sure_enough():
                     continue
                 catch_up = _catch_up_tokens(drafter, context)
-                k, rate = self._best_length(drafter, limit, 0, exact_chunk, catch_up, horizon)
-                candidate = RoundPlan(drafter, k, None, rate, plain)
+                k, rate, chunk = self._best_length(
+                    drafter, limit, 0, exact_chunk, catch_up, horizon
+                )
+                candidate = RoundPlan(drafter, k, None, rate, plain, chunk)
             if k > 0 and candidate.expected_rate > best.expected_rate:
                 best = candidate
         if best.drafter is not None and best.expected_rate < plain * GAIN_MARGIN:
