@@ -84,15 +84,19 @@ class EngineProcess:
             self.send({"type": "quit"})
         return self.process.wait(timeout=60)
 
+    def kill(self) -> None:
+        """End the process at once if it still runs (after a failed test)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
 
 @pytest.fixture
 def engine_process() -> Iterator[EngineProcess]:
     process = EngineProcess()
     assert process.next_event()["type"] == "ready"
     yield process
-    if process.process.poll() is None:
-        process.process.kill()
-        process.process.wait()
+    process.kill()
 
 
 def _ask(text: str, request_id: int = 1, **settings: Any) -> dict[str, Any]:
@@ -268,9 +272,7 @@ def test_native_output_never_reaches_the_event_stream(smollm_path: Path, tmp_pat
         assert engine_process.process.stderr is not None
         assert b"native noise from llama on stdout" in engine_process.process.stderr.read()
     finally:
-        if engine_process.process.poll() is None:
-            engine_process.process.kill()
-            engine_process.process.wait()
+        engine_process.kill()
 
 
 def test_mlx_folders_answer_through_the_same_process(
@@ -338,9 +340,7 @@ def test_a_crash_while_loading_follows_the_announced_stage(
         assert engine.process.stderr is not None
         assert b"Fatal Python error: Segmentation fault" in engine.process.stderr.read()
     finally:
-        if engine.process.poll() is None:
-            engine.process.kill()
-            engine.process.wait()
+        engine.kill()
 
 
 def test_the_local_api_serves_the_loaded_pair_in_turn_with_the_window(
@@ -494,6 +494,4 @@ def test_a_crash_while_loading_a_trial_draft_ends_the_process_like_an_answer(
         assert engine.process.wait(timeout=30) == -signal.SIGSEGV
         assert not (tmp_path / "tuning.json").exists()  # nothing half-measured is remembered
     finally:
-        if engine.process.poll() is None:
-            engine.process.kill()
-            engine.process.wait()
+        engine.kill()

@@ -113,8 +113,8 @@ def test_verify_cost_counts_chunks_only_when_reached() -> None:
     # 4 drafted tokens = 5 rows; chunks of 2: rows 0-1 always, rows 2-3 if tokens 1-2
     # were accepted (0.25), row 4 if tokens 1-4 were (0.0625).
     expected = 0.02 + 0.25 * 0.02 + 0.0625 * 0.01
-    assert planner.verify_seconds(4, reach, exact_chunk=2) == pytest.approx(expected)
-    assert planner.verify_seconds(4, reach, exact_chunk=None) == pytest.approx(0.05)
+    assert planner.verify_seconds(4, reach, chunk=2) == pytest.approx(expected)
+    assert planner.verify_seconds(4, reach, chunk=None) == pytest.approx(0.05)
 
 
 def test_plain_decoding_when_batches_cost_as_much_as_single_steps() -> None:

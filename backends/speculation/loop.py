@@ -325,7 +325,7 @@ class _Generation:
             self._finish("cancelled")
             return
         started = time.perf_counter()
-        accepted, own_token = self._verify(draft, plan.verify_chunk if plan else self.exact_chunk)
+        accepted, own_token = self._verify(draft, plan.verify_chunk if plan else None)
         self.stats.verify_seconds += time.perf_counter() - started
         self.stats.rounds += 1
         self.stats.draft_length_counts[len(draft.tokens)] = (

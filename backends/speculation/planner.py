@@ -319,10 +319,10 @@ class DraftPlanner:
         smaller = tuple(c for c in VERIFY_CHUNKS if largest is None or c < largest)
         return (largest, *smaller)
 
-    def verify_seconds(self, k: int, reach: Sequence[float], exact_chunk: int | None) -> float:
-        """Expected time to verify ``k`` draft tokens (k + 1 rows), chunked, early exit."""
+    def verify_seconds(self, k: int, reach: Sequence[float], chunk: int | None) -> float:
+        """Expected time to verify ``k`` draft tokens (k + 1 rows) in chunks, early exit."""
         rows = k + 1
-        chunk = rows if exact_chunk is None else max(1, min(rows, exact_chunk))
+        chunk = rows if chunk is None else max(1, min(rows, chunk))
         seconds = 0.0
         first = 0
         while first < rows:
@@ -352,25 +352,6 @@ class DraftPlanner:
         :data:`STEADY_CATCH_UP` tokens is spread over the next ``horizon`` tokens (capped at
         :data:`CATCH_UP_HORIZON`).
         """
-        best_k, best_rate, best_chunk = 0, 0.0, exact_chunk
-        for chunk in self.verify_chunks(exact_chunk):
-            k, rate = self._best_length_verified_in(
-                drafter, limit, evidence, chunk, catch_up, horizon
-            )
-            if rate > best_rate:
-                best_k, best_rate, best_chunk = k, rate, chunk
-        return best_k, best_rate, best_chunk
-
-    def _best_length_verified_in(
-        self,
-        drafter: Drafter,
-        limit: int,
-        evidence: int,
-        chunk: int | None,
-        catch_up: int,
-        horizon: int,
-    ) -> tuple[int, float]:
-        """The best draft length and its rate when verification goes in ``chunk`` rows."""
         optimism = 0.0 if drafter.lookup else 0.25
         reach = self.acceptance(drafter, evidence).expected_tokens(limit, optimism=optimism)
         # given[n]: P(the drafter gives at least n tokens); a lookup's proposal is all there.
@@ -383,31 +364,33 @@ class DraftPlanner:
         if costs is not None:
             steady = max(1, min(catch_up, STEADY_CATCH_UP))
             one_time = max(0.0, costs.cost(max(1, catch_up)) - costs.cost(steady))
-        # Verifying n drafted tokens, for every n the drafter may stop at.
-        verify = [self.verify_seconds(n, reach, chunk) for n in range(limit + 1)]
-        best_k, best_rate = 0, 0.0
-        expected = 1.0
-        for k in range(1, limit + 1):
-            # Token k counts if the drafter gave it and it and every one before were accepted.
-            expected += given[k] * reach[k]
-            seconds = self._overhead
-            passes = 0.0
-            for n in range(k + 1):
-                stops_at_n = given[n] - (given[n + 1] if n < k else 0.0)
-                seconds += stops_at_n * verify[n]
-                # One forward pass per drafted token that is not the last of the plan.
-                passes += stops_at_n * min(n, k - 1)
-            if costs is not None:
-                # Catching the draft's cache up (its pass gives the first token), then the
-                # passes that give the others.
-                seconds += costs.cost(steady) + passes * costs.cost(1)
-            rate = expected / seconds
-            if rate > best_rate:
-                best_k, best_rate = k, rate
+        best_k, best_rate, best_chunk = 0, 0.0, exact_chunk
+        for chunk in self.verify_chunks(exact_chunk):
+            # Verifying n drafted tokens, for every n the drafter may stop at.
+            verify = [self.verify_seconds(n, reach, chunk) for n in range(limit + 1)]
+            expected = 1.0
+            for k in range(1, limit + 1):
+                # Token k counts if the drafter gave it and it and every one before were
+                # accepted.
+                expected += given[k] * reach[k]
+                seconds = self._overhead
+                passes = 0.0
+                for n in range(k + 1):
+                    stops_at_n = given[n] - (given[n + 1] if n < k else 0.0)
+                    seconds += stops_at_n * verify[n]
+                    # One forward pass per drafted token that is not the last of the plan.
+                    passes += stops_at_n * min(n, k - 1)
+                if costs is not None:
+                    # Catching the draft's cache up (its pass gives the first token), then
+                    # the passes that give the others.
+                    seconds += costs.cost(steady) + passes * costs.cost(1)
+                rate = expected / seconds
+                if rate > best_rate:
+                    best_k, best_rate, best_chunk = k, rate, chunk
         if one_time > 0.0 and best_rate > 0.0:
             tokens = max(1, min(horizon, CATCH_UP_HORIZON))
             best_rate = tokens / (tokens / best_rate + one_time)
-        return best_k, best_rate
+        return best_k, best_rate, best_chunk
 
     # -- planning --------------------------------------------------------------------------
 
