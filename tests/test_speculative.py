@@ -55,6 +55,12 @@ def assert_stats_add_up(stats: SpeculationStats, result: GenerationResult) -> No
     ):
         assert 0 <= accepted <= verified
     assert stats.rounds == sum(stats.draft_length_counts.values())
+    # Each round's verification evaluates every accepted token and the row after it, and no
+    # more than the draft and that row, in one pass or more.
+    rows = sum(size * count for size, count in stats.verify_batch_counts.items())
+    assert stats.accepted_draft_tokens_count + stats.rounds <= rows
+    assert rows <= stats.total_draft_tokens_count + stats.rounds
+    assert sum(stats.verify_batch_counts.values()) >= stats.rounds
     assert stats.stop_reason is not None
 
 

@@ -99,6 +99,34 @@ def test_the_prediction_adds_up_the_measured_parts() -> None:
     assert predict_speedup(_stats(generated_tokens=9, rounds=9), 0.05, verify_cost) is None
 
 
+def test_the_prediction_counts_verification_chunks_as_they_ran() -> None:
+    # 10 rounds of 7 drafted tokens checked in chunks of 4 rows (and the prompt's pass):
+    # 5 rounds broke at position 2 (one chunk), 5 took all 7 and the bonus (two chunks).
+    stats = _stats(
+        generated_tokens=1 + 5 * 2 + 5 * 8,
+        rounds=11,
+        total_draft_tokens_count=70,
+        accepted_draft_tokens_count=5 * 1 + 5 * 7,
+        verified_at_position=[10, 10, 5, 5, 5, 5, 5],
+        accepted_at_position=[10, 5, 5, 5, 5, 5, 5],
+        draft_length_counts={0: 1, 7: 10},
+        verify_batch_counts={1: 1, 4: 15},
+        draft_seconds=0.0,
+    )
+
+    def verify_cost(size: int) -> float:
+        return 1.0 + 0.25 * (size - 1)
+
+    prediction = predict_speedup(stats, 0.05, verify_cost)
+    assert prediction is not None
+    # 15 passes of 4 rows, 1.75 steps each, over 10 rounds; one batch of 8 would be 2.75.
+    assert prediction.main_steps_per_round == pytest.approx(15 * 1.75 / 10)
+    uncounted = replace(stats, verify_batch_counts={})
+    assert predict_speedup(uncounted, 0.05, verify_cost).main_steps_per_round == (  # type: ignore[union-attr]
+        pytest.approx(2.75)
+    )
+
+
 def _row(label: str, method: SpeculationMethod, speedup: float) -> TuningRow:
     return TuningRow(
         label=label,

@@ -229,10 +229,15 @@ def tokens_from_wire(raw: list[list[Any]]) -> list[EmittedToken]:
     return [EmittedToken(int(i), str(text), TokenOrigin(origin)) for i, text, origin in raw]
 
 
+# Stats fields keyed by a size (JSON keys are strings).
+_COUNTS_BY_SIZE = ("draft_length_counts", "verify_batch_counts")
+
+
 def stats_to_wire(stats: SpeculationStats) -> dict[str, Any]:
     """Every stats field, JSON-safe."""
     wire = asdict(stats)
-    wire["draft_length_counts"] = {str(k): v for k, v in stats.draft_length_counts.items()}
+    for name in _COUNTS_BY_SIZE:
+        wire[name] = {str(k): v for k, v in getattr(stats, name).items()}
     return wire
 
 
@@ -240,9 +245,8 @@ def stats_from_wire(raw: dict[str, Any]) -> SpeculationStats:
     """The inverse of :func:`stats_to_wire` (unknown fields are ignored)."""
     known = {f.name for f in fields(SpeculationStats)}
     values = {k: v for k, v in raw.items() if k in known}
-    values["draft_length_counts"] = {
-        int(k): int(v) for k, v in values.get("draft_length_counts", {}).items()
-    }
+    for name in _COUNTS_BY_SIZE:
+        values[name] = {int(k): int(v) for k, v in values.get(name, {}).items()}
     return SpeculationStats(**values)
 
 

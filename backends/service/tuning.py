@@ -171,8 +171,10 @@ def predict_speedup(
     prompt, not counted). ``main_step_seconds`` is plain decoding's time per token on the
     same prompts; ``verify_cost(n)`` what evaluating n tokens costs in main model steps
     (1.0 for n = 1, from the calibrated batch costs). Per round with k drafted tokens:
-    E(k) tokens (:func:`expected_tokens`, from the acceptance at each position) for
-    verify_cost(k+1) steps, plus the measured drafting time in main model steps.
+    E(k) tokens (:func:`expected_tokens`, from the acceptance at each position); the
+    verification passes as they ran cost verify_cost(n) steps for each pass of n rows (one
+    pass of k+1 rows a round where ``stats`` does not count them), plus the measured
+    drafting time in main model steps.
     ``draft_name`` names the draft model, if the setup has one, and
     ``draft_step_seconds`` is its time per drafted token (else the drafting time per
     drafted token is the step cost c). The ceiling is the best speedup at 100 %
@@ -196,7 +198,15 @@ def predict_speedup(
     for length, count in lengths.items():
         if count > 0:
             tokens += count * expected_tokens(acceptance, length)
-            steps += count * verify_cost(length + 1)
+    if stats.verify_batch_counts:
+        # Verification as it ran: a draft checked in chunks pays for the chunks evaluated.
+        batches = dict(stats.verify_batch_counts)
+        batches[1] = batches.get(1, 0) - runs  # the prompts' passes
+    else:
+        batches = {length + 1: count for length, count in lengths.items()}
+    for rows, count in batches.items():
+        if count > 0:
+            steps += count * verify_cost(rows)
     speedup = tokens / steps
     ceiling = max(
         (length + 1) / (length * step_cost + verify_cost(length + 1))
@@ -679,8 +689,12 @@ def combined_stats(runs: Sequence[SpeculationStats]) -> SpeculationStats:
             mine.extend([0] * (len(theirs) - len(mine)))
             for position, count in enumerate(theirs):
                 mine[position] += count
-        for length, count in stats.draft_length_counts.items():
-            total.draft_length_counts[length] = total.draft_length_counts.get(length, 0) + count
+        for mine_by_size, theirs_by_size in (
+            (total.draft_length_counts, stats.draft_length_counts),
+            (total.verify_batch_counts, stats.verify_batch_counts),
+        ):
+            for size, count in theirs_by_size.items():
+                mine_by_size[size] = mine_by_size.get(size, 0) + count
     return total
 
 

@@ -378,6 +378,8 @@ class _Generation:
             )
             if self.planner is not None:
                 self.planner.observe_target(evaluated, time.perf_counter() - started)
+            batches = self.stats.verify_batch_counts
+            batches[len(rows)] = batches.get(len(rows), 0) + 1
             yield from rows
             first = last + 1
 

@@ -103,6 +103,8 @@ class SpeculationStats:
     verified_at_position: list[int] = field(default_factory=list)
     accepted_at_position: list[int] = field(default_factory=list)
     draft_length_counts: dict[int, int] = field(default_factory=dict)
+    # verify_batch_counts[n]: target passes that gave n logit rows (the prompt's pass: 1)
+    verify_batch_counts: dict[int, int] = field(default_factory=dict)
     rounds_by_method: dict[str, int] = field(default_factory=dict)  # "none" = plain step
     time_to_first_token_sec: float | None = None
     generation_seconds: float = 0.0  # from the first token to the last
@@ -155,6 +157,7 @@ class SpeculationStats:
             verified_at_position=list(self.verified_at_position),
             accepted_at_position=list(self.accepted_at_position),
             draft_length_counts=dict(self.draft_length_counts),
+            verify_batch_counts=dict(self.verify_batch_counts),
             rounds_by_method=dict(self.rounds_by_method),
         )
 
@@ -171,6 +174,7 @@ class SpeculationStats:
             "acceptance_rate": self.acceptance_rate,
             "acceptance_by_position": self.acceptance_by_position,
             "draft_length_counts": {str(k): v for k, v in sorted(self.draft_length_counts.items())},
+            "verify_batch_counts": {str(k): v for k, v in sorted(self.verify_batch_counts.items())},
             "rounds_by_method": dict(self.rounds_by_method),
             "tokens_per_second": self.tokens_per_second,
             "time_to_first_token_sec": self.time_to_first_token_sec,

@@ -74,6 +74,7 @@ def full_stats() -> SpeculationStats:
         verified_at_position=[40, 35, 20],
         accepted_at_position=[35, 25, 20],
         draft_length_counts={1: 3, 3: 30, 16: 7},
+        verify_batch_counts={1: 5, 4: 33, 8: 9},
         rounds_by_method={"draft-model": 30, "ngram": 8, "none": 2},
         time_to_first_token_sec=0.25,
         generation_seconds=3.5,
@@ -195,6 +196,7 @@ def test_messages_round_trip_with_spans_stats_and_extra(db_path: Path) -> None:
     assert answer.stats == stats
     assert answer.stats is not None
     assert answer.stats.draft_length_counts == {1: 3, 3: 30, 16: 7}
+    assert answer.stats.verify_batch_counts == {1: 5, 4: 33, 8: 9}
     assert answer.stats.rounds_by_method == {"draft-model": 30, "ngram": 8, "none": 2}
     assert answer.stats.acceptance_rate == pytest.approx(80 / 110)
     assert messages[0].spans == ()
