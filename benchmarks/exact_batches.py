@@ -17,7 +17,7 @@ steps compute: only then is greedy speculative output plain decoding. In stock l
 SpecDeck's build (``packaging/llama.cpp/exact-batches.patch``) makes the GEMM sum like the
 GEMV, and adds ``GGML_CPU_TILED_MM_MIN_ROWS`` (SpecDeck sets 64): below it, batches take
 the single-step kernels, from it on (prompt reading) the tiled one. Its own CPU kernels
-(``fast-kernels.patch``, AVX-512) then make those batches cheap: rows against repacked
+(``fast-kernels.patch``, AVX-512 and AVX2) then make those batches cheap: rows against repacked
 Q4_K and Q4_0 weights, and columns against Q6_K ones, take kernels that share each weight
 load between the rows while computing every row as llama.cpp's single step does, and
 matmuls of fewer than 64 rows hand each thread a few contiguous chunks of weight rows;

@@ -232,7 +232,7 @@ def test_every_verification_batch_is_exact_with_repacked_weights(qwen_main_path:
 def test_the_small_batch_kernels_compute_what_llama_cpps_own_compute(
     qwen_main_path: Path, qwen_draft_path: Path, tmp_path: Path
 ) -> None:
-    # Where the CPU has them (AVX-512), batches of fewer than 64 rows take SpecDeck's kernels
+    # Where the CPU has them (AVX2, AVX-512), batches of fewer than 64 rows take SpecDeck's kernels
     # (repacked Q4_K and Q4_0 rows, Q6_K columns) and contiguous weight chunks per thread:
     # every logit of every batch, single steps included, is the one llama.cpp's own paths
     # give. The main model has the Q4_K and Q6_K weights, the draft's copy the Q4_0 ones.

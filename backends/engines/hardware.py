@@ -67,7 +67,7 @@ class LlamaBuildInfo:
     def specdeck_kernels(self) -> tuple[str, ...]:
         """The weight types SpecDeck's own CPU kernels serve in this build, e.g. ("Q4_K", ...).
 
-        Empty for a stock llama.cpp, a CPU without AVX-512, or with the kernels switched off
+        Empty for a stock llama.cpp, a CPU without AVX2, or with the kernels switched off
         (``GGML_CPU_SPECDECK_KERNELS=0``): llama.cpp's own kernels run then.
         """
         found = _SPECDECK_KERNELS_FEATURE.search(self.system_info)

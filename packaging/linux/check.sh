@@ -98,15 +98,21 @@ wait "$worker" || true
 grep -q "Accepted client connection" "$log.worker" || { cat "$log.worker"; exit 1; }
 rm -f "$log" "$log.worker"
 # The bundled llama.cpp carries SpecDeck's patch (packaging/llama.cpp): with the AVX2
-# (Haswell) CPU library and with the one llama.cpp picks here, the default main model's
-# batches of 2..17 tokens reproduce single-token logits bit for bit. Run from the bundle's
-# build environment (the same wheel) where the checkout has fetched that model.
+# (Haswell) CPU library, the AVX-512 one without VNNI (Skylake-X) where this CPU runs it,
+# and the one llama.cpp picks here, the default main model's batches of 2..17 tokens
+# reproduce single-token logits bit for bit, and SpecDeck's own kernels (AVX2 in the first
+# two, AVX-512 in the others) compute the logits llama.cpp's own paths compute. Run from
+# the bundle's build environment (the same wheel) where the checkout has fetched that model.
 main_model=$(build/bundle-venv/bin/python -c \
     'from backends.models.provision import DEFAULT_MAIN_KEY, model_path; print(model_path(DEFAULT_MAIN_KEY))')
-if [ -f "$main_model" ] && grep -qw avx2 /proc/cpuinfo; then
-    for variant in haswell ""; do
-        echo "check: bit-exact batches with the bundle's ${variant:-own} CPU library"
-        result=$(SPECDECK_CPU_VARIANT=$variant build/bundle-venv/bin/python -m \
+variants=""
+grep -qw avx2 /proc/cpuinfo && variants="haswell"
+grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo && variants="$variants skylakex"
+if [ -f "$main_model" ] && [ -n "$variants" ]; then
+    for variant in $variants own; do
+        [ "$variant" = own ] && library="" || library=$variant
+        echo "check: bit-exact batches with the bundle's $variant CPU library"
+        result=$(SPECDECK_CPU_VARIANT=$library build/bundle-venv/bin/python -m \
             benchmarks.exact_batches --child on --model "$main_model" --probe 17 \
             --exactness-only 2>/dev/null | tail -n 1)
         echo "$result"
@@ -114,16 +120,15 @@ if [ -f "$main_model" ] && grep -qw avx2 /proc/cpuinfo; then
             *'"all_probed_exact": true'*) ;;
             *) echo "check: batched logits differ from single-token ones" >&2; exit 1 ;;
         esac
+        echo "check: the bundle's $variant CPU library with SpecDeck's kernels off gives the same logits"
+        stock=$(SPECDECK_CPU_VARIANT=$library GGML_CPU_SPECDECK_KERNELS=0 \
+            build/bundle-venv/bin/python -m benchmarks.exact_batches --child on \
+            --model "$main_model" --probe 17 --exactness-only 2>/dev/null | tail -n 1)
+        [ "${stock#*logit_digest}" = "${result#*logit_digest}" ] || {
+            echo "check: SpecDeck's kernels change the logits ($result against $stock)" >&2
+            exit 1
+        }
     done
-    # SpecDeck's own kernels (AVX-512 libraries) compute what llama.cpp's own paths compute.
-    echo "check: the bundle's CPU library with SpecDeck's kernels off gives the same logits"
-    stock=$(GGML_CPU_SPECDECK_KERNELS=0 build/bundle-venv/bin/python -m \
-        benchmarks.exact_batches --child on --model "$main_model" --probe 17 \
-        --exactness-only 2>/dev/null | tail -n 1)
-    [ "${stock#*logit_digest}" = "${result#*logit_digest}" ] || {
-        echo "check: SpecDeck's kernels change the logits ($result against $stock)" >&2
-        exit 1
-    }
 fi
 echo "check: removing"
 DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq specdeck >/dev/null
