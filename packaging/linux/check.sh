@@ -98,15 +98,16 @@ wait "$worker" || true
 grep -q "Accepted client connection" "$log.worker" || { cat "$log.worker"; exit 1; }
 rm -f "$log" "$log.worker"
 # The bundled llama.cpp carries SpecDeck's patch (packaging/llama.cpp): with the AVX2
-# (Haswell) CPU library, the AVX-512 one without VNNI (Skylake-X) where this CPU runs it,
-# and the one llama.cpp picks here, the default main model's batches of 2..17 tokens
-# reproduce single-token logits bit for bit, and SpecDeck's own kernels (AVX2 in the first
-# two, AVX-512 in the others) compute the logits llama.cpp's own paths compute. Run from
+# (Haswell) CPU library, the AVX2 one with AVX-VNNI (Alder Lake) and the AVX-512 one
+# without VNNI (Skylake-X) where this CPU runs them, and the one llama.cpp picks here, the
+# default main model's batches of 2..17 tokens reproduce single-token logits bit for bit,
+# and SpecDeck's own kernels compute the logits llama.cpp's own paths compute. Run from
 # the bundle's build environment (the same wheel) where the checkout has fetched that model.
 main_model=$(build/bundle-venv/bin/python -c \
     'from backends.models.provision import DEFAULT_MAIN_KEY, model_path; print(model_path(DEFAULT_MAIN_KEY))')
 variants=""
 grep -qw avx2 /proc/cpuinfo && variants="haswell"
+grep -qw avx_vnni /proc/cpuinfo && variants="$variants alderlake"
 grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo && variants="$variants skylakex"
 if [ -f "$main_model" ] && [ -n "$variants" ]; then
     for variant in $variants own; do
