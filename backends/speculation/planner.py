@@ -364,27 +364,32 @@ class DraftPlanner:
         if costs is not None:
             steady = max(1, min(catch_up, STEADY_CATCH_UP))
             one_time = max(0.0, costs.cost(max(1, catch_up)) - costs.cost(steady))
+        # Per planned length k, what does not depend on the verification chunk: the expected
+        # tokens, the chance that the drafter stops at each n <= k, and the drafting time.
+        expected = [1.0] * (limit + 1)
+        stops: list[list[float]] = [[]] * (limit + 1)
+        drafting = [0.0] * (limit + 1)
+        for k in range(1, limit + 1):
+            # Token k counts if the drafter gave it and it and every one before were accepted.
+            expected[k] = expected[k - 1] + given[k] * reach[k]
+            stops[k] = [given[n] - (given[n + 1] if n < k else 0.0) for n in range(k + 1)]
+            if costs is not None:
+                # One forward pass per drafted token that is not the last of the plan.
+                passes = sum(stop * min(n, k - 1) for n, stop in enumerate(stops[k]))
+                # Catching the draft's cache up (its pass gives the first token), then the
+                # passes that give the others.
+                drafting[k] = costs.cost(steady) + passes * costs.cost(1)
         best_k, best_rate, best_chunk = 0, 0.0, exact_chunk
         for chunk in self.verify_chunks(exact_chunk):
+            if chunk is not None and chunk > limit and chunk != exact_chunk:
+                continue  # checks every possible draft in one batch, as the first candidate
             # Verifying n drafted tokens, for every n the drafter may stop at.
             verify = [self.verify_seconds(n, reach, chunk) for n in range(limit + 1)]
-            expected = 1.0
             for k in range(1, limit + 1):
-                # Token k counts if the drafter gave it and it and every one before were
-                # accepted.
-                expected += given[k] * reach[k]
                 seconds = self._overhead
-                passes = 0.0
-                for n in range(k + 1):
-                    stops_at_n = given[n] - (given[n + 1] if n < k else 0.0)
-                    seconds += stops_at_n * verify[n]
-                    # One forward pass per drafted token that is not the last of the plan.
-                    passes += stops_at_n * min(n, k - 1)
-                if costs is not None:
-                    # Catching the draft's cache up (its pass gives the first token), then
-                    # the passes that give the others.
-                    seconds += costs.cost(steady) + passes * costs.cost(1)
-                rate = expected / seconds
+                for n, stop in enumerate(stops[k]):
+                    seconds += stop * verify[n]
+                rate = expected[k] / (seconds + drafting[k])
                 if rate > best_rate:
                     best_k, best_rate, best_chunk = k, rate, chunk
         if one_time > 0.0 and best_rate > 0.0:
