@@ -244,7 +244,9 @@ SETTINGS: tuple[SettingSpec, ...] = (
         title="Draft confidence",
         tooltip=(
             "The draft model stops drafting when its top token is less likely than this "
-            "(llama.cpp's --spec-draft-p-min). Higher drafts less but wastes less."
+            "(llama.cpp's --spec-draft-p-min). Higher drafts less but wastes less. In auto "
+            "mode SpecDeck learns where to stop instead, from how often the target keeps "
+            "the draft's tokens at each confidence and what one more token costs."
         ),
         group="speculation",
         minimum=0.0,

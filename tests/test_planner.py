@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backends.speculation.planner import BatchCosts, DraftPlanner, PositionAcceptance
+from backends.speculation.planner import (
+    CONFIDENCE_ROUNDS,
+    BatchCosts,
+    ConfidenceKept,
+    DraftPlanner,
+    PositionAcceptance,
+    RoundPlan,
+)
 from backends.speculation.types import Draft, DrafterStats
 
 if TYPE_CHECKING:
@@ -17,7 +24,7 @@ if TYPE_CHECKING:
 
     from backends.engines.llama import LlamaEngine
     from backends.speculation.sampling import SamplingSettings
-    from backends.speculation.types import Drafter
+    from backends.speculation.types import Drafter, DraftStopRule
 
 
 @dataclass(eq=False)  # drafters are told apart by identity (the planner keys by them)
@@ -39,6 +46,7 @@ class FixedLookup:
         sampling: SamplingSettings,
         rng: np.random.Generator,
         cancel: object,
+        stop: DraftStopRule | None = None,
     ) -> Draft:
         return Draft(self.proposal[:max_tokens], None, evidence=self.evidence)
 
@@ -275,7 +283,7 @@ def test_a_draft_model_waits_for_a_sure_target() -> None:
     assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is model  # no loop: on
     planner.start_answer()
     # The first rounds of an answer measure how sure the target is of its own tokens.
-    for _ in range(3):
+    for _ in range(CONFIDENCE_ROUNDS - 1):
         planner.observe_target_confidence(0.95)
         assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is None
     planner.observe_target_confidence(0.95)
@@ -283,6 +291,42 @@ def test_a_draft_model_waits_for_a_sure_target() -> None:
     # Prose: the target hesitates (0.66 on average for the 1.5B): the draft model rests,
     # however cheap it is.
     planner.start_answer()
-    for probability in (0.99, 0.4, 0.7, 0.55, 0.9, 0.6):
+    for probability in (0.99, 0.4, 0.7, 0.55, 0.9, 0.6, 0.95, 0.8, 0.7):
         planner.observe_target_confidence(probability)
     assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is None
+
+
+def test_confidence_kept_starts_at_the_draft_probability_and_learns() -> None:
+    kept = ConfidenceKept(buckets=10)
+    assert kept.rates() == pytest.approx([0.05 + 0.1 * i for i in range(10)])
+    # Three tokens drafted, the first kept, the second rejected: the third was never judged.
+    for _ in range(20):
+        kept.observe([0.95, 0.42, 0.97], accepted=1)
+    rates = kept.rates()
+    assert rates[9] > 0.95  # 0.95 kept every time (0.97 was never judged)
+    assert rates[4] < 0.05  # 0.42 never kept
+    assert rates[0] == pytest.approx(0.05)  # no data: the prior
+    assert kept.reached[9] == pytest.approx(kept.kept[9])
+    kept.observe([], accepted=0)  # a draft of nothing teaches nothing
+    assert kept.rates() == rates
+
+
+def test_stop_rule_floors_come_from_the_costs() -> None:
+    model = ModelLike()
+    # A target step 30 ms, a batch of 4 45 ms (5 ms a row), a draft step 10 ms.
+    target = BatchCosts({1: 0.030, 4: 0.045})
+    planner = DraftPlanner(target, [model, FixedLookup([1])], {model: BatchCosts({1: 0.010})})
+    rule = planner.stop_rule(model)
+    assert rule is not None
+    assert rule.keep_floor == pytest.approx(0.005 / 0.030)
+    assert rule.go_on_floor == pytest.approx(0.015 / 0.030)
+    assert rule.kept_chance(0.93) == pytest.approx(0.95)
+    assert rule.kept_chance(1.0) == pytest.approx(0.95)  # the top bucket holds 1.0
+    assert planner.stop_rule(planner.drafters[1]) is None  # lookups have none
+    # What a round teaches lands in the rule.
+    plan = RoundPlan(model, 3)
+    for _ in range(10):
+        planner.observe_round(plan, 3, 1, 0, 0.0, confidences=[0.9, 0.65, 0.6])
+    learnt = planner.stop_rule(model)
+    assert learnt is not None
+    assert learnt.kept_chance(0.65) < 0.2 < 0.9 < learnt.kept_chance(0.9)

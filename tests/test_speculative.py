@@ -12,8 +12,15 @@ from backends.engines.interface import LogitRows, common_prefix_length
 from backends.errors import ContextOverflowError, SettingsError
 from backends.speculation.drafters import DraftModelDrafter
 from backends.speculation.loop import SpeculativeDecoder
-from backends.speculation.sampling import SamplingSettings
+from backends.speculation.planner import (
+    CALIBRATION_SIZES,
+    DRAFT_CALIBRATION_SIZES,
+    BatchCosts,
+    CostCache,
+)
+from backends.speculation.sampling import SamplingSettings, top_probability
 from backends.speculation.types import (
+    DraftStopRule,
     GenerationResult,
     GenerationSettings,
     SpeculationStats,
@@ -24,6 +31,7 @@ from tests.conftest import user
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from backends.engines.interface import ModelEngine
     from backends.engines.llama import LlamaEngine
 
 CODE_PROMPTS = [
@@ -315,3 +323,74 @@ def test_exact_batch_probe_guards_greedy_identity(qwen_main: LlamaEngine) -> Non
     batch = qwen_main.evaluate(tokens[1 : size + 1], size).copy()
     for index in range(size):
         assert np.array_equal(batch[index], singles[index])
+
+
+def test_stop_rule_decides_where_the_draft_model_stops(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine
+) -> None:
+    """A stop rule replaces p-min: it drafts past p-min where its tokens are kept, not else."""
+    decoder = SpeculativeDecoder(smollm_target)
+    context = decoder.prompt_tokens(user(PROSE_PROMPTS[0]))
+    drafter = DraftModelDrafter(smollm_draft, p_min=1.0)  # p-min alone would never draft
+    greedy = SamplingSettings(temperature=0.0)
+    rng = np.random.default_rng(0)
+    assert drafter.draft(context, 6, greedy, rng, None).tokens == []
+    always_kept = DraftStopRule((1.0,) * 10, keep_floor=0.5, go_on_floor=0.5)
+    smollm_draft.truncate(0)
+    eager = drafter.draft(context, 6, greedy, rng, None, always_kept)
+    assert len(eager.tokens) == 6
+    # Each token's confidence is the draft's top probability after the tokens before it
+    # (recomputed the same way: the context in one batch, then one token at a time).
+    smollm_draft.truncate(0)
+    rows = [smollm_draft.evaluate(context, 1)[-1].copy()]
+    rows += [smollm_draft.evaluate([token], 1)[-1].copy() for token in eager.tokens[:-1]]
+    assert eager.confidences == pytest.approx([top_probability(r, greedy) for r in rows])
+    never_kept = DraftStopRule((0.0,) * 10, keep_floor=0.5, go_on_floor=0.5)
+    assert drafter.draft(context, 6, greedy, rng, None, never_kept).tokens == []
+    # Kept half the time: the second token's reach (0.25) is under the keep floor, and going
+    # on after the first (reach 0.5) needs 0.6.
+    halves = DraftStopRule((0.5,) * 10, keep_floor=0.3, go_on_floor=0.4)
+    assert len(drafter.draft(context, 6, greedy, rng, None, halves).tokens) == 1
+    timid = DraftStopRule((0.5,) * 10, keep_floor=0.3, go_on_floor=0.6)
+    assert len(drafter.draft(context, 6, greedy, rng, None, timid).tokens) == 1
+    assert len(smollm_draft.cached_tokens) == len(context)  # it did not go on to a second
+
+
+class FavourableCosts(CostCache):
+    """Costs that make drafting pay from the first round (the loop then measures its own)."""
+
+    def costs(self, engine: ModelEngine, sizes: Sequence[int] = CALIBRATION_SIZES) -> BatchCosts:
+        """Target passes of 20 ms plus 1 ms a row, draft steps of 1 ms."""
+        if sizes == DRAFT_CALIBRATION_SIZES:
+            return BatchCosts({size: 0.001 * size for size in sizes})
+        return BatchCosts({size: 0.020 + 0.001 * size for size in sizes})
+
+
+def test_planner_learns_its_stop_rule_from_the_answer(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine
+) -> None:
+    """With the planner the drafts carry confidences, and what was kept is learnt by them."""
+    decoder = SpeculativeDecoder(
+        smollm_target,
+        [DraftModelDrafter(smollm_draft, p_min=0.75)],
+        adaptive=True,
+        cost_cache=FavourableCosts(),
+    )
+    prompt = decoder.prompt_tokens(user(CODE_PROMPTS[1]))
+    settings = GenerationSettings(max_tokens=SMOLLM_TOKENS, draft_max=6)
+    plain = SpeculativeDecoder(smollm_target).run(prompt, settings)
+    smollm_draft.truncate(0)
+    spec = decoder.run(prompt, settings)
+    assert spec.token_ids == plain.token_ids
+    planner = decoder.planner
+    assert planner is not None
+    drafter = planner.drafters[0]
+    kept = planner.kept_by_confidence(drafter)
+    # The verified draft tokens up to each first rejection were counted in their buckets.
+    assert spec.stats.accepted_draft_tokens_count > 0
+    assert 0.0 < sum(kept.kept) <= sum(kept.reached)
+    rule = planner.stop_rule(drafter)
+    assert rule is not None
+    assert 0.0 <= rule.keep_floor < rule.go_on_floor <= 1.0
+    # The same weights draft for themselves: their sure tokens are kept.
+    assert rule.kept_chance(0.99) > 0.9

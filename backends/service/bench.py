@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--p-min",
         type=float,
         default=DEFAULT_P_MIN,
-        help="stop drafting when the draft's top probability falls below this",
+        help="stop drafting when the draft's top probability falls below this (with "
+        "--fixed-draft; the cost-aware planner learns where to stop)",
     )
     parser.add_argument(
         "--verification",

@@ -13,7 +13,13 @@ import numpy as np
 
 from backends.engines.interface import extend_cache
 from backends.speculation.sampling import probabilities, sample, top_probability
-from backends.speculation.types import DEFAULT_P_MIN, Draft, DrafterStats, ForwardPass
+from backends.speculation.types import (
+    DEFAULT_P_MIN,
+    Draft,
+    DrafterStats,
+    DraftStopRule,
+    ForwardPass,
+)
 
 if TYPE_CHECKING:
     import threading
@@ -47,8 +53,9 @@ class LookupDrafter:
         sampling: SamplingSettings,
         rng: np.random.Generator,
         cancel: threading.Event | None,
+        stop: DraftStopRule | None = None,
     ) -> Draft:
-        """Propose up to ``max_tokens`` tokens from the lookup."""
+        """Propose up to ``max_tokens`` tokens from the lookup (``stop`` is for models)."""
         proposal, evidence = self.propose(context, max_tokens)
         return Draft(proposal, None, evidence=evidence)
 
@@ -72,8 +79,9 @@ class DraftModelDrafter:
 
     Greedy at temperature 0; at temperature > 0 the tokens are sampled from the draft's own
     distribution q (with the same sampling transform as the target), and q is handed to the
-    rejection sampler. Drafting stops early once the draft's top probability falls below
-    ``p_min``, or after an end-of-generation token.
+    rejection sampler. Drafting stops early where the draft is unsure: below ``p_min`` (its
+    top probability), or where the planner's :class:`DraftStopRule` says the next token is
+    unlikely to be kept; and after an end-of-generation token.
     """
 
     lookup = False
@@ -110,11 +118,16 @@ class DraftModelDrafter:
         sampling: SamplingSettings,
         rng: np.random.Generator,
         cancel: threading.Event | None,
+        stop: DraftStopRule | None = None,
     ) -> Draft:
-        """Run the draft model for up to ``max_tokens`` steps after catching its cache up."""
+        """Run the draft model for up to ``max_tokens`` steps after catching its cache up.
+
+        ``stop``: the planner's rule for where to stop (None: at ``p_min``).
+        """
         if self.sampling is not None and not sampling.greedy:
             sampling = self.sampling
         tokens: list[int] = []
+        confidences: list[float] = []
         distributions: list[ProbArray] | None = None if sampling.greedy else []
         passes = self.last_passes = []
         if max_tokens <= 0:
@@ -122,23 +135,35 @@ class DraftModelDrafter:
         started = time.perf_counter()
         rows, evaluated = extend_cache(self.engine, context)
         passes.append((evaluated, time.perf_counter() - started))
+        measure = stop is not None or self.p_min > 0.0
+        reach = 1.0  # the stop rule's chance that every token so far is kept
         for step in range(max_tokens):
             row = rows[-1]
+            q: ProbArray | None = None
             if distributions is None:
                 token = int(np.argmax(row))
-                if self.p_min > 0.0 and top_probability(row, sampling) < self.p_min:
-                    break
+                confidence = top_probability(row, sampling) if measure else 1.0
             else:
                 q = probabilities(row, sampling)
-                if float(q.max()) < self.p_min:
+                confidence = float(q.max())
+            if stop is not None:
+                reach *= stop.kept_chance(confidence)
+                if reach < stop.keep_floor:
                     break
+            elif confidence < self.p_min:
+                break
+            if distributions is not None and q is not None:
                 token = sample(q, rng)
                 distributions.append(q)
             tokens.append(token)
+            if measure:
+                confidences.append(confidence)
             last_step = step + 1 == max_tokens
             if last_step or token in self._end_ids or (cancel is not None and cancel.is_set()):
+                break
+            if stop is not None and reach < stop.go_on_floor:
                 break
             started = time.perf_counter()
             rows = self.engine.evaluate([token], 1)
             passes.append((1, time.perf_counter() - started))
-        return Draft(tokens, distributions)
+        return Draft(tokens, distributions, confidences=confidences)

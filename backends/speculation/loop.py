@@ -271,7 +271,10 @@ class _Generation:
 
     def _make_draft(self, drafter: Drafter, max_tokens: int) -> Draft:
         started = time.perf_counter()
-        draft = drafter.draft(self.context, max_tokens, self.sampling, self.draft_rng, self.cancel)
+        stop = None if self.planner is None else self.planner.stop_rule(drafter)
+        draft = drafter.draft(
+            self.context, max_tokens, self.sampling, self.draft_rng, self.cancel, stop
+        )
         elapsed = time.perf_counter() - started
         self.stats.draft_seconds += elapsed
         drafter.stats.seconds += elapsed
@@ -349,7 +352,7 @@ class _Generation:
             overhead = time.perf_counter() - round_started - engine_time
             if plan is not None:
                 self.planner.observe_round(
-                    plan, len(draft.tokens), accepted, draft.evidence, overhead
+                    plan, len(draft.tokens), accepted, draft.evidence, overhead, draft.confidences
                 )
             self.planner.score_shadows(self.context)
 

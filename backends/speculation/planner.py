@@ -27,8 +27,12 @@ scored against the tokens that follow even when they were not used, so their est
 stay current for free. A draft model's estimate is optimistic while it has little data and
 drifts back towards optimism while unused, so a pair that may pay gets tried again.
 
-A draft model has two more estimates: how often it goes on drafting (it stops where its
-confidence falls below p-min, which shortens both its passes and the verification), and
+A draft model has three more estimates. How often the target keeps its tokens by the draft's
+own probability of them (:class:`ConfidenceKept`): from it and the costs the planner makes
+the rule where the draft model stops drafting (:meth:`DraftPlanner.stop_rule`), in place of
+a fixed p-min, so that an unsure draft token is drafted where such tokens are usually kept
+and one more token is cheap, and not elsewhere. How often it goes on drafting (that rule
+shortens both its passes and the verification). And
 what it must read before it can draft. Beyond its steady catch-up (the last draft token and
 the target's own) that reading (the prompt, on its first round) is paid once, so it is
 spread over the tokens still to come instead of charged to one round. And a draft model
@@ -45,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from backends.engines.interface import common_prefix_length
+from backends.speculation.types import DraftStopRule
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -73,9 +78,11 @@ NEW_ANSWER_FADE = 0.5
 # and on prose the 0.5B's drafts cost more than they gave at every p-min tried (0.4-0.75).
 CONFIDENT_TARGET = 0.8
 # The average is the answer's mean over its first CONFIDENCE_MEMORY rounds and a moving
-# average of that memory after; a draft model waits for CONFIDENCE_ROUNDS of them.
+# average of that memory after; a draft model waits for CONFIDENCE_ROUNDS of them. Its first
+# try reads the whole prompt, so it waits long enough for the average to mean something:
+# on prose the 1.5B's first 4 rounds averaged 0.82, its next ones under 0.7 (AMD EPYC).
 CONFIDENCE_MEMORY = 16
-CONFIDENCE_ROUNDS = 4
+CONFIDENCE_ROUNDS = 8
 # A lookup's first token is a guess whose odds grow with the match behind it; once it is
 # right the lookup is usually copying, and the next ones are right too. Evidence 0 is a
 # proposal with no match behind it (edit copy's guess where an edit ends, a chain of
@@ -94,6 +101,9 @@ SHADOW_LIMIT = 64  # longest unused lookup proposal scored against the real cont
 # often end well before their budget).
 STEADY_CATCH_UP = 2
 CATCH_UP_HORIZON = 128
+# The stop rule's buckets of draft probability (equal width); before any data a bucket
+# assumes a draft token is kept about as often as the draft is sure of it (its midpoint).
+CONFIDENCE_BUCKETS = 10
 
 
 @dataclass
@@ -232,6 +242,41 @@ class PositionAcceptance:
         return reach
 
 
+class ConfidenceKept:
+    """How often the target keeps a draft model's tokens, by the draft's probability of them."""
+
+    def __init__(self, buckets: int = CONFIDENCE_BUCKETS) -> None:
+        self.reached = [0.0] * buckets
+        self.kept = [0.0] * buckets
+
+    def bucket(self, confidence: float) -> int:
+        """The bucket of a draft probability."""
+        return min(len(self.reached) - 1, max(0, int(confidence * len(self.reached))))
+
+    def observe(self, confidences: Sequence[float], accepted: int) -> None:
+        """One verified draft: its tokens' draft probabilities, ``accepted`` of them kept.
+
+        Tokens after the first rejected one were never judged and are left out.
+        """
+        if not confidences:
+            return
+        self.reached = [value * ACCEPTANCE_DECAY for value in self.reached]
+        self.kept = [value * ACCEPTANCE_DECAY for value in self.kept]
+        for position, confidence in enumerate(confidences[: accepted + 1]):
+            index = self.bucket(confidence)
+            self.reached[index] += 1.0
+            if position < accepted:
+                self.kept[index] += 1.0
+
+    def rates(self) -> tuple[float, ...]:
+        """Per bucket, the estimated chance that a draft token of that probability is kept."""
+        buckets = len(self.reached)
+        return tuple(
+            (kept + PRIOR_WEIGHT * (index + 0.5) / buckets) / (reached + PRIOR_WEIGHT)
+            for index, (reached, kept) in enumerate(zip(self.reached, self.kept, strict=True))
+        )
+
+
 @dataclass(frozen=True)
 class RoundPlan:
     """What one round will do: which drafter (None: plain decoding) and up to how many tokens."""
@@ -270,6 +315,7 @@ class DraftPlanner:
         self._draft_costs = dict(draft_costs or {})
         self._acceptance: dict[tuple[Drafter, int], PositionAcceptance] = {}
         self._continuation: dict[Drafter, PositionAcceptance] = {}
+        self._kept: dict[Drafter, ConfidenceKept] = {}
         self._target_confidence = 0.0  # this answer's, moving average
         self._confidence_rounds = 0
         self._confidence_expected = False  # set once a loop reports confidence per round
@@ -308,6 +354,32 @@ class DraftPlanner:
             estimate = PositionAcceptance(CONTINUATION_PRIOR, decay=CONTINUATION_DECAY)
             self._continuation[drafter] = estimate
         return estimate
+
+    def kept_by_confidence(self, drafter: Drafter) -> ConfidenceKept:
+        """How often a draft model's tokens were kept, by its probability of them."""
+        estimate = self._kept.get(drafter)
+        if estimate is None:
+            estimate = self._kept[drafter] = ConfidenceKept()
+        return estimate
+
+    def stop_rule(self, drafter: Drafter) -> DraftStopRule | None:
+        """Where a draft model should stop drafting now (None for lookups).
+
+        A draft token is worth a verification row (the mean extra cost of the rows of a
+        batch of 4 over a single step) where its chance of being kept, times the target
+        step it then saves, is at least that row; going on to the next token costs a draft
+        model step more.
+        """
+        costs = self.draft_costs(drafter)
+        if costs is None or drafter.lookup:
+            return None
+        step = max(1e-9, self.target_costs.cost(1))
+        row = max(0.0, (self.target_costs.cost(4) - self.target_costs.cost(1)) / 3)
+        return DraftStopRule(
+            self.kept_by_confidence(drafter).rates(),
+            keep_floor=min(1.0, row / step),
+            go_on_floor=min(1.0, (costs.cost(1) + row) / step),
+        )
 
     def draft_costs(self, drafter: Drafter) -> BatchCosts | None:
         """The calibrated forward-pass costs of a draft model (None for lookups)."""
@@ -452,14 +524,17 @@ class DraftPlanner:
         accepted: int,
         evidence: int,
         overhead_seconds: float,
+        confidences: Sequence[float] = (),
     ) -> None:
         """Learn from a verified round: acceptance of the drafter used, loop overhead.
 
-        A draft model that gave fewer tokens than planned stopped where its confidence
-        fell below p-min: that is learnt apart from acceptance (:meth:`continuation`).
+        A draft model that gave fewer tokens than planned stopped where it was unsure:
+        that is learnt apart from acceptance (:meth:`continuation`), and its tokens'
+        probabilities (``confidences``) with whether they were kept (:meth:`stop_rule`).
         """
         if plan.drafter is not None and not plan.drafter.lookup and plan.draft_tokens > 0:
             self.continuation(plan.drafter).observe(plan.draft_tokens, drafted)
+            self.kept_by_confidence(plan.drafter).observe(confidences, accepted)
         if plan.drafter is not None and drafted > 0:
             self.acceptance(plan.drafter, evidence).observe(drafted, accepted)
             self._shadows = [s for s in self._shadows if s.drafter is not plan.drafter]

@@ -222,6 +222,31 @@ class Draft:
     tokens: list[int]
     distributions: list[ProbArray] | None  # None: deterministic (greedy or lookup) drafts
     evidence: int = 0  # a lookup's match length (how much the proposal is backed by)
+    # A draft model's probability of each token it drafted (its top one at temperature 0);
+    # empty for lookups.
+    confidences: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DraftStopRule:
+    """Where a draft model stops drafting, learnt by the planner instead of a fixed p-min.
+
+    ``kept_by_confidence[i]`` is how often the target kept a draft token whose draft
+    probability fell in the i-th of equal-width buckets. Along a draft their product is the
+    chance that every token so far is kept (the reach). A token is kept in the draft while
+    its reach is at least ``keep_floor`` (what one more verification row costs over what a
+    kept token saves); the draft model goes on to the next token while the reach is at least
+    ``go_on_floor`` (the same with a draft model step added).
+    """
+
+    kept_by_confidence: tuple[float, ...]
+    keep_floor: float
+    go_on_floor: float
+
+    def kept_chance(self, confidence: float) -> float:
+        """How often a draft token of this confidence was kept."""
+        buckets = len(self.kept_by_confidence)
+        return self.kept_by_confidence[min(buckets - 1, max(0, int(confidence * buckets)))]
 
 
 @dataclass
@@ -289,8 +314,12 @@ class Drafter(Protocol):
         sampling: SamplingSettings,
         rng: np.random.Generator,
         cancel: threading.Event | None,
+        stop: DraftStopRule | None = None,
     ) -> Draft:
-        """Propose at most ``max_tokens`` tokens to follow ``context``."""
+        """Propose at most ``max_tokens`` tokens to follow ``context``.
+
+        ``stop``: where a draft model stops (None: at its own p-min); lookups ignore it.
+        """
         ...
 
     def engine_seconds(self) -> float:
