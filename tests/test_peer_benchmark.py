@@ -20,6 +20,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from backends.engines.llama import requantize_q4_0
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.planner import BatchCosts
+from backends.speculation.types import GenerationSettings
+from benchmarks.draft_stop import ModeledClock
 from benchmarks.exact_batches import run_child
 from benchmarks.peer_llama_cpp import (
     PeerTools,
@@ -29,8 +33,10 @@ from benchmarks.peer_llama_cpp import (
     run_speculative,
 )
 from benchmarks.vs_llama_cpp import LLAMA_METHODS, PROMPTS, SPECDECK, PeerPrompt, _summarise, table
+from tests.conftest import user
 
 if TYPE_CHECKING:
+    from backends.engines.llama import LlamaEngine
     from backends.engines.weight_placement import WeightRepacking
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -262,3 +268,36 @@ def test_a_failing_measuring_process_is_one_line_with_its_cause(tmp_path: Path) 
     missing = tmp_path / "no-such-model.gguf"
     with pytest.raises(RuntimeError, match=r"measuring process failed \(exit 1\).*no-such-model"):
         run_child(missing, "on", 4, {}, exactness_only=True)
+
+
+def test_modeled_clock_charges_each_pass_at_its_batch_cost(smollm_target: LlamaEngine) -> None:
+    """draft_stop's noise-free clock: a plain run costs its prompt pass and one step a token."""
+    costs = BatchCosts({1: 0.010, 8: 0.030})
+    clock = ModeledClock()
+    clock.watch(smollm_target, costs)
+    try:
+        decoder = SpeculativeDecoder(smollm_target)
+        prompt = decoder.prompt_tokens(user("Count from one to five."))
+        settings = GenerationSettings(max_tokens=6)
+        result, seconds = clock.run(decoder, (smollm_target,), prompt, settings)
+        assert len(result.token_ids) == 6
+        # The prompt in one pass (extrapolated per token past 8), then one pass per token
+        # after the first (the last token is never evaluated).
+        assert seconds == pytest.approx(costs.cost(len(prompt)) + 5 * 0.010)
+        smollm_target.truncate(0)
+        smollm_target.evaluate(prompt[:3], 1)  # outside a run: not charged
+        assert clock.seconds == pytest.approx(seconds)
+    finally:
+        del smollm_target.evaluate  # the instance attribute: back to the class's method
+
+
+def test_draft_stop_refuses_an_unknown_prompt_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.draft_stop", "--prompts", "haiku"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "unknown prompt haiku (known: new-function, prose, docstrings, refactor)" in done.stderr

@@ -14,10 +14,11 @@ from backends.engines.interface import ChatMessage, LoadReport, LogitRows, Vocab
 from backends.speculation.drafters import DraftModelDrafter
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.sampling import SamplingSettings, probabilities
-from backends.speculation.types import GenerationSettings, Verification
+from backends.speculation.types import Draft, DraftStopRule, GenerationSettings, Verification
 from tests.conftest import user
 
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Sequence
 
     from backends.engines.llama import LlamaEngine
@@ -107,13 +108,44 @@ def chi_square_p_value(
     return float(scipy_stats.chisquare(f_obs, f_exp).pvalue)
 
 
+class RuledDrafter(DraftModelDrafter):
+    """A draft model that always stops where a given rule says, as the planner makes it do."""
+
+    def __init__(self, engine: BigramEngine, rule: DraftStopRule) -> None:
+        super().__init__(engine, p_min=0.0)
+        self.rule = rule
+
+    def draft(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        rng: np.random.Generator,
+        cancel: threading.Event | None,
+        stop: DraftStopRule | None = None,
+    ) -> Draft:
+        """Draft with this drafter's rule."""
+        return super().draft(context, max_tokens, sampling, rng, cancel, self.rule)
+
+
+# Kept as often as the draft is sure (the planner's prior); a draft stops after one to
+# three tokens, by how sure it was of them.
+PRIOR_RULE = DraftStopRule(tuple(0.05 + 0.1 * i for i in range(10)), 0.15, 0.3)
+
+
 def sample_sequences(
-    verification: Verification, sampling: SamplingSettings, seed: int, draft_max: int = 3
+    verification: Verification,
+    sampling: SamplingSettings,
+    seed: int,
+    draft_max: int = 3,
+    stop: DraftStopRule | None = None,
 ) -> tuple[Counter[tuple[int, ...]], float]:
     target_table, draft_table = bigram_tables(seed)
     target = BigramEngine(target_table, "target")
     draft = BigramEngine(draft_table, "draft")
-    decoder = SpeculativeDecoder(target, DraftModelDrafter(draft, p_min=0.0))
+    drafter = DraftModelDrafter(draft, p_min=0.0) if stop is None else RuledDrafter(draft, stop)
+    decoder = SpeculativeDecoder(target, drafter)
+    lengths: Counter[int] = Counter()
     counts: Counter[tuple[int, ...]] = Counter()
     accepted = drafted = 0
     for draw in range(DRAWS):
@@ -131,8 +163,11 @@ def sample_sequences(
         )
         result = decoder.run([0], settings)
         counts[tuple(result.token_ids)] += 1
+        lengths.update(result.stats.draft_length_counts)
         accepted += result.stats.accepted_draft_tokens_count
         drafted += result.stats.total_draft_tokens_count
+    if stop is not None:
+        assert len(lengths) > 1, "the rule must cut drafts at different lengths"
     return counts, accepted / drafted
 
 
@@ -151,6 +186,17 @@ def test_speculative_sampling_matches_target_distribution(
 ) -> None:
     target_table, _ = bigram_tables(seed=11)
     counts, _ = sample_sequences(verification, sampling, seed=11)
+    expected = exact_joint(target_table, sampling, length=4)
+    p_value = chi_square_p_value(counts, expected, DRAWS)
+    assert p_value > SIGNIFICANCE, f"distribution differs from the target's (p={p_value:.2e})"
+
+
+@pytest.mark.parametrize("verification", ["rejection", "sample-match"])
+def test_a_learnt_stop_keeps_the_target_distribution(verification: Verification) -> None:
+    """Where the draft stops depends on what it drafted, never on the target: still exact."""
+    sampling = SamplingSettings(temperature=1.0)
+    target_table, _ = bigram_tables(seed=11)
+    counts, _ = sample_sequences(verification, sampling, seed=11, stop=PRIOR_RULE)
     expected = exact_joint(target_table, sampling, length=4)
     p_value = chi_square_p_value(counts, expected, DRAWS)
     assert p_value > SIGNIFICANCE, f"distribution differs from the target's (p={p_value:.2e})"

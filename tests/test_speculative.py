@@ -390,7 +390,6 @@ def test_planner_learns_its_stop_rule_from_the_answer(
     assert spec.stats.accepted_draft_tokens_count > 0
     assert 0.0 < sum(kept.kept) <= sum(kept.reached)
     rule = planner.stop_rule(drafter)
-    assert rule is not None
-    assert 0.0 <= rule.keep_floor < rule.go_on_floor <= 1.0
+    assert rule is not None  # (its floors come from costs: tests/test_planner.py)
     # The same weights draft for themselves: their sure tokens are kept.
     assert rule.kept_chance(0.99) > 0.9

@@ -316,6 +316,11 @@ class DraftPlanner:
         self._acceptance: dict[tuple[Drafter, int], PositionAcceptance] = {}
         self._continuation: dict[Drafter, PositionAcceptance] = {}
         self._kept: dict[Drafter, ConfidenceKept] = {}
+        # Whether the draft model stops where the planner learnt (False: at its p-min), and
+        # how many rounds of the target's confidence it waits for; benchmarks/draft_stop.py
+        # compares them.
+        self.learn_stop = True
+        self.confidence_rounds = CONFIDENCE_ROUNDS
         self._target_confidence = 0.0  # this answer's, moving average
         self._confidence_rounds = 0
         self._confidence_expected = False  # set once a loop reports confidence per round
@@ -363,7 +368,7 @@ class DraftPlanner:
         return estimate
 
     def stop_rule(self, drafter: Drafter) -> DraftStopRule | None:
-        """Where a draft model should stop drafting now (None for lookups).
+        """Where a draft model should stop drafting now (None for lookups, or its p-min).
 
         A draft token is worth a verification row (the mean extra cost of the rows of a
         batch of 4 over a single step) where its chance of being kept, times the target
@@ -371,7 +376,7 @@ class DraftPlanner:
         model step more.
         """
         costs = self.draft_costs(drafter)
-        if costs is None or drafter.lookup:
+        if costs is None or drafter.lookup or not self.learn_stop:
             return None
         step = max(1e-9, self.target_costs.cost(1))
         row = max(0.0, (self.target_costs.cost(4) - self.target_costs.cost(1)) / 3)
@@ -555,7 +560,7 @@ class DraftPlanner:
         if not self._confidence_expected:
             return True
         return (
-            self._confidence_rounds >= CONFIDENCE_ROUNDS
+            self._confidence_rounds >= self.confidence_rounds
             and self._target_confidence >= CONFIDENT_TARGET
         )
 

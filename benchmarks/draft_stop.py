@@ -1,0 +1,238 @@
+"""The draft model's learnt stop against p-min, and its wait for a sure target, side by side.
+
+Loads the default pair once and, for each prompt of the peer benchmark
+(:mod:`benchmarks.vs_llama_cpp`), every round decodes plain and then with auto under each
+variant, a fresh decoder each time (their order alternating from round to round), from
+empty caches, at temperature 0:
+
+- ``p-min``: the draft model stops below its p-min (0.75, llama.cpp's rule) and waits for
+  4 rounds of a sure target (SpecDeck until session 13);
+- ``learnt, 4``: the planner's learnt stop (``DraftPlanner.stop_rule``), waiting 4 rounds;
+- ``learnt, 8``: the learnt stop, waiting 8 rounds (the default).
+
+This machine's speed moves by ±15 % within a minute, so besides the wall-clock ratio
+(tokens per second after the first token, over plain's of the same round) every run is
+also charged at fixed costs: each forward pass of either model at the cost of its batch
+size, measured once at the start (median of 7, after a 280-token context). That "modeled"
+ratio is what the planner's choices are worth without the noise, and without the loop's
+own time. Medians over the rounds; every speculative text must equal plain's.
+
+    .venv/bin/python -m benchmarks.draft_stop [--prompts new-function,prose] [--rounds 6]
+        [--max-tokens 160] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from backends.engines.interface import ChatMessage
+from backends.engines.weight_placement import cpu_model_name
+from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, model_path
+from backends.service.bench import PairOptions, loaded_pair, timed_run
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.methods import build_decoder
+from backends.speculation.planner import CONFIDENCE_ROUNDS, BatchCosts, CostCache
+from backends.speculation.sampling import SamplingSettings
+from backends.speculation.types import GenerationResult, GenerationSettings
+from benchmarks.vs_llama_cpp import PROMPTS, PeerPrompt
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from backends.engines.interface import LogitRows, ModelEngine
+
+CONTEXT = 4096
+COST_CONTEXT = 280  # about the docstring prompt's length
+MAIN_SIZES = (*range(1, 17), 24, 32)
+DRAFT_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64, COST_CONTEXT)  # the last: its prompt read
+COST_REPEATS = 7
+WARMUP_TOKENS = 16
+_COST_TEXT = "def measure(batch):\n    return sum(x * x for x in batch)  # cost\n" * 60
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How the planner is set for one column of the comparison."""
+
+    name: str
+    learn_stop: bool
+    confidence_rounds: int
+
+
+VARIANTS = (
+    Variant("p-min", learn_stop=False, confidence_rounds=4),
+    Variant("learnt, 4", learn_stop=True, confidence_rounds=4),
+    Variant("learnt, 8", learn_stop=True, confidence_rounds=CONFIDENCE_ROUNDS),
+)
+
+
+def measured_costs(engine: ModelEngine, sizes: Sequence[int]) -> BatchCosts:
+    """Median seconds of a forward pass per batch size, after a COST_CONTEXT-token context."""
+    tokens = engine.tokenize(_COST_TEXT, add_special=False, parse_special=False)
+    engine.truncate(0)
+    engine.evaluate(tokens[:COST_CONTEXT], 1)
+    costs = BatchCosts()
+    for size in sizes:
+        timings = []
+        for _ in range(COST_REPEATS if size <= 32 else 2):
+            engine.truncate(COST_CONTEXT)
+            started = time.perf_counter()
+            engine.evaluate(tokens[COST_CONTEXT : COST_CONTEXT + size], 1)
+            timings.append(time.perf_counter() - started)
+        costs.seconds[size] = statistics.median(timings)
+    engine.truncate(0)
+    return costs
+
+
+class ModeledClock:
+    """Charges every forward pass of the engines it watches at a fixed cost by batch size."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.running = False
+
+    def watch(self, engine: ModelEngine, costs: BatchCosts) -> None:
+        """Count ``engine``'s passes from now on (its evaluate is wrapped on the object)."""
+        evaluate = engine.evaluate
+
+        def charged(tokens: Sequence[int], logit_rows: int) -> LogitRows:
+            if self.running:
+                self.seconds += costs.cost(len(tokens))
+            return evaluate(tokens, logit_rows)
+
+        # The loop, the drafters and the cache helpers all call the engine object's method.
+        setattr(engine, "evaluate", charged)  # noqa: B010
+
+    def run(
+        self,
+        decoder: SpeculativeDecoder,
+        engines: Sequence[ModelEngine],
+        prompt: Sequence[int],
+        settings: GenerationSettings,
+    ) -> tuple[GenerationResult, float]:
+        """One timed generation and its modeled seconds."""
+        self.seconds, self.running = 0.0, True
+        try:
+            result = timed_run(decoder, engines, prompt, settings)
+        finally:
+            self.running = False
+        return result, self.seconds
+
+
+def compare_prompt(
+    prompt: PeerPrompt,
+    engines: tuple[ModelEngine, ModelEngine],
+    clock: ModeledClock,
+    main_costs: BatchCosts,
+    rounds: int,
+    max_tokens: int,
+) -> dict[str, Any]:
+    """Plain and every variant, ``rounds`` times; per variant the ratios of each round."""
+    main, draft = engines
+    plain = SpeculativeDecoder(main)
+    tokens = plain.prompt_tokens([ChatMessage("user", prompt.text)])
+    settings = GenerationSettings(sampling=SamplingSettings(temperature=0.0), max_tokens=max_tokens)
+    calibrations = CostCache()  # the planners' own calibration, once per engine
+    warmup = GenerationSettings(sampling=settings.sampling, max_tokens=WARMUP_TOKENS)
+    timed_run(build_decoder("auto", main, draft, cost_cache=calibrations), engines, tokens, warmup)
+    # The prompt's pass comes before the first token: neither speed counts it.
+    prompt_seconds = main_costs.cost(len(tokens))
+    samples: dict[str, dict[str, list[float]]] = {
+        v.name: {"wall": [], "modeled": [], "acceptance": []} for v in VARIANTS
+    }
+    identical = True
+    for round_index in range(rounds):
+        base, base_seconds = clock.run(plain, engines, tokens, settings)
+        order = VARIANTS if round_index % 2 == 0 else VARIANTS[::-1]
+        for variant in order:
+            decoder = build_decoder("auto", main, draft, cost_cache=calibrations)
+            decoder.prepare()
+            planner = decoder.planner
+            assert planner is not None
+            planner.learn_stop = variant.learn_stop
+            planner.confidence_rounds = variant.confidence_rounds
+            result, seconds = clock.run(decoder, engines, tokens, settings)
+            identical = identical and result.token_ids == base.token_ids
+            entry = samples[variant.name]
+            entry["wall"].append(result.stats.tokens_per_second / base.stats.tokens_per_second)
+            entry["modeled"].append(
+                (base_seconds - prompt_seconds) / max(1e-9, seconds - prompt_seconds)
+            )
+            entry["acceptance"].append(result.stats.acceptance_rate or 0.0)
+    return {"kind": prompt.kind, "identical": identical, "variants": samples}
+
+
+def table(results: dict[str, Any]) -> str:
+    """One row per prompt: each variant's median modeled and wall-clock ratio."""
+    header = " | ".join(v.name for v in VARIANTS)
+    lines = [
+        f"{results['machine']}, {results['rounds']} round(s), {results['max_tokens']} tokens; "
+        "modeled / wall-clock ratio over plain (medians), acceptance range",
+        f"| prompt | {header} | identical |",
+        "|---" * (len(VARIANTS) + 2) + "|",
+    ]
+    for key, entry in results["prompts"].items():
+        cells = []
+        for variant in VARIANTS:
+            sample = entry["variants"][variant.name]
+            accepted = sample["acceptance"]
+            cells.append(
+                f"{statistics.median(sample['modeled']):.2f}× / "
+                f"{statistics.median(sample['wall']):.2f}× "
+                f"({100 * min(accepted):.0f}–{100 * max(accepted):.0f} %)"
+            )
+        same = "yes" if entry["identical"] else "TEXT DIFFERS"
+        lines.append(f"| {key} ({entry['kind']}) | {' | '.join(cells)} | {same} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure the variants on the chosen prompts and print the table (or JSON)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.draft_stop")
+    parser.add_argument("--prompts", default=",".join(p.key for p in PROMPTS))
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    by_key = {p.key: p for p in PROMPTS}
+    unknown = [key for key in args.prompts.split(",") if key not in by_key]
+    if unknown:
+        parser.error(f"unknown prompt {', '.join(unknown)} (known: {', '.join(by_key)})")
+    if args.rounds < 1 or args.max_tokens < 2:
+        parser.error("--rounds must be at least 1 and --max-tokens at least 2")
+    results: dict[str, Any] = {
+        "machine": cpu_model_name() or "unknown CPU",
+        "rounds": args.rounds,
+        "max_tokens": args.max_tokens,
+        "prompts": {},
+    }
+    options = PairOptions(n_ctx=CONTEXT)
+    with loaded_pair(model_path(DEFAULT_MAIN_KEY), model_path(DEFAULT_DRAFT_KEY), options) as (
+        main_engine,
+        draft_engine,
+    ):
+        assert draft_engine is not None
+        clock = ModeledClock()
+        main_costs = measured_costs(main_engine, MAIN_SIZES)
+        clock.watch(main_engine, main_costs)
+        clock.watch(draft_engine, measured_costs(draft_engine, DRAFT_SIZES))
+        for key in args.prompts.split(","):
+            results["prompts"][key] = compare_prompt(
+                by_key[key],
+                (main_engine, draft_engine),
+                clock,
+                main_costs,
+                args.rounds,
+                args.max_tokens,
+            )
+    print(json.dumps(results, indent=2) if args.json else table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
