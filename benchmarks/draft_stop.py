@@ -13,7 +13,8 @@ empty caches, at temperature 0:
 This machine's speed moves by ±15 % within a minute, so besides the wall-clock ratio
 (tokens per second after the first token, over plain's of the same round) every run is
 also charged at fixed costs: each forward pass of either model at the cost of its batch
-size, measured once at the start (median of 7, after a 280-token context). That "modeled"
+size, measured once at the start (median of 7 after an untimed one, after a 280-token
+context; ``--json`` gives them). That "modeled"
 ratio is what the planner's choices are worth without the noise, and without the loop's
 own time. Medians over the rounds; every speculative text must equal plain's.
 
@@ -79,11 +80,14 @@ def measured_costs(engine: ModelEngine, sizes: Sequence[int]) -> BatchCosts:
     costs = BatchCosts()
     for size in sizes:
         timings = []
-        for _ in range(COST_REPEATS if size <= 32 else 2):
+        # The first passes after a load run slower (a draft step took 15 ms, then 9 ms):
+        # one untimed pass of each size first.
+        for repeat in range(1 + (COST_REPEATS if size <= 32 else 2)):
             engine.truncate(COST_CONTEXT)
             started = time.perf_counter()
             engine.evaluate(tokens[COST_CONTEXT : COST_CONTEXT + size], 1)
-            timings.append(time.perf_counter() - started)
+            if repeat > 0:
+                timings.append(time.perf_counter() - started)
         costs.seconds[size] = statistics.median(timings)
     engine.truncate(0)
     return costs
@@ -219,8 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         assert draft_engine is not None
         clock = ModeledClock()
         main_costs = measured_costs(main_engine, MAIN_SIZES)
+        draft_costs = measured_costs(draft_engine, DRAFT_SIZES)
+        results["costs_ms"] = {
+            "main": {size: round(1000 * s, 2) for size, s in main_costs.seconds.items()},
+            "draft": {size: round(1000 * s, 2) for size, s in draft_costs.seconds.items()},
+        }
         clock.watch(main_engine, main_costs)
-        clock.watch(draft_engine, measured_costs(draft_engine, DRAFT_SIZES))
+        clock.watch(draft_engine, draft_costs)
         for key in args.prompts.split(","):
             results["prompts"][key] = compare_prompt(
                 by_key[key],
