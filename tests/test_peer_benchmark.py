@@ -189,9 +189,10 @@ def test_summary_takes_medians_and_compares_with_the_fastest_llama_cpp() -> None
     assert set(LLAMA_METHODS) <= set(summary["methods"])
 
 
-def test_unknown_prompt_is_refused_in_one_line() -> None:
+@pytest.mark.parametrize("benchmark", ["benchmarks.vs_llama_cpp", "benchmarks.draft_stop"])
+def test_unknown_prompt_is_refused_in_one_line(benchmark: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.vs_llama_cpp", "--prompts", "haiku"],
+        [sys.executable, "-m", benchmark, "--prompts", "haiku"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -289,15 +290,3 @@ def test_modeled_clock_charges_each_pass_at_its_batch_cost(smollm_target: LlamaE
         assert clock.seconds == pytest.approx(seconds)
     finally:
         del smollm_target.evaluate  # the instance attribute: back to the class's method
-
-
-def test_draft_stop_refuses_an_unknown_prompt_in_one_line() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.draft_stop", "--prompts", "haiku"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2
-    assert "unknown prompt haiku (known: new-function, prose, docstrings, refactor)" in done.stderr

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from backends.engines.interface import common_prefix_length
-from backends.speculation.types import DraftStopRule
+from backends.speculation.types import DraftStopRule, confidence_bucket
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -251,7 +251,7 @@ class ConfidenceKept:
 
     def bucket(self, confidence: float) -> int:
         """The bucket of a draft probability."""
-        return min(len(self.reached) - 1, max(0, int(confidence * len(self.reached))))
+        return confidence_bucket(confidence, len(self.reached))
 
     def observe(self, confidences: Sequence[float], accepted: int) -> None:
         """One verified draft: its tokens' draft probabilities, ``accepted`` of them kept.

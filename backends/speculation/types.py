@@ -245,8 +245,12 @@ class DraftStopRule:
 
     def kept_chance(self, confidence: float) -> float:
         """How often a draft token of this confidence was kept."""
-        buckets = len(self.kept_by_confidence)
-        return self.kept_by_confidence[min(buckets - 1, max(0, int(confidence * buckets)))]
+        return self.kept_by_confidence[confidence_bucket(confidence, len(self.kept_by_confidence))]
+
+
+def confidence_bucket(confidence: float, buckets: int) -> int:
+    """Which of ``buckets`` equal-width buckets of [0, 1] a draft probability falls in."""
+    return min(buckets - 1, max(0, int(confidence * buckets)))
 
 
 @dataclass
