@@ -23,7 +23,7 @@ from backends.engines.llama import requantize_q4_0
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.planner import BatchCosts
 from backends.speculation.types import GenerationSettings
-from benchmarks.draft_stop import ModeledClock
+from benchmarks.draft_model_auto import ModeledClock
 from benchmarks.exact_batches import run_child
 from benchmarks.peer_llama_cpp import (
     PeerTools,
@@ -189,7 +189,7 @@ def test_summary_takes_medians_and_compares_with_the_fastest_llama_cpp() -> None
     assert set(LLAMA_METHODS) <= set(summary["methods"])
 
 
-@pytest.mark.parametrize("benchmark", ["benchmarks.vs_llama_cpp", "benchmarks.draft_stop"])
+@pytest.mark.parametrize("benchmark", ["benchmarks.vs_llama_cpp", "benchmarks.draft_model_auto"])
 def test_unknown_prompt_is_refused_in_one_line(benchmark: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", benchmark, "--prompts", "haiku"],
@@ -272,7 +272,7 @@ def test_a_failing_measuring_process_is_one_line_with_its_cause(tmp_path: Path) 
 
 
 def test_modeled_clock_charges_each_pass_at_its_batch_cost(smollm_target: LlamaEngine) -> None:
-    """draft_stop's noise-free clock: a plain run costs its prompt pass and one step a token."""
+    """The benchmark's noise-free clock: a plain run costs its prompt pass and a step a token."""
     costs = BatchCosts({1: 0.010, 8: 0.030})
     clock = ModeledClock()
     clock.watch(smollm_target, costs)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from backends.engines.interface import common_prefix_length
 from backends.speculation.planner import (
     CONFIDENCE_ROUNDS,
     BatchCosts,
@@ -53,6 +54,9 @@ class FixedLookup:
     def engine_seconds(self) -> float:
         return 0.0
 
+    def unread(self, context: Sequence[int]) -> int:
+        return 0
+
 
 @dataclass
 class SeenTokens:
@@ -72,12 +76,20 @@ class ModelLike:
     engine: Any = None
     last_passes: tuple[tuple[int, float], ...] = ()
     stats: DrafterStats = field(default_factory=DrafterStats)
+    reads_at_most: int | None = None  # a reading window (None: what it has not seen)
 
     def draft(self, *_args: object) -> Draft:
         raise AssertionError("the planner must not draft by itself")
 
     def engine_seconds(self) -> float:
         return 0.0
+
+    def unread(self, context: Sequence[int]) -> int:
+        if self.engine is None:
+            return 1  # no cache to follow: as if it had read everything
+        held = common_prefix_length(self.engine.cached_tokens, context)
+        unseen = max(1, len(context) - held)
+        return unseen if self.reads_at_most is None else min(unseen, self.reads_at_most)
 
 
 def linear(per_token: float, fixed: float = 0.0) -> BatchCosts:
@@ -240,6 +252,23 @@ def test_a_draft_model_behind_by_the_prompt_is_still_used() -> None:
     assert plan.draft_tokens == 3
     # Spread over the tokens still to come: with two tokens left it does not pay.
     assert planner.plan(context, {model: 3}, None, ask_proposal, horizon=2).drafter is None
+
+
+def test_what_a_draft_model_must_read_is_the_drafters_to_say() -> None:
+    # The costs above; 32 tokens to go. Reading all of a 200-token prompt (about 0.9 s)
+    # costs more than the draft would save over them, reading 56 of it does not.
+    target = BatchCosts({1: 0.072, 2: 0.108, 3: 0.133, 4: 0.117, 8: 0.203, 16: 0.3})
+    draft = BatchCosts({1: 0.029, 2: 0.045, 4: 0.039, 8: 0.07, 16: 0.12, 64: 0.3})
+    context = list(range(200))
+    chosen = []
+    for reads_at_most in (None, 56):
+        model = ModelLike(engine=SeenTokens(), reads_at_most=reads_at_most)
+        planner = DraftPlanner(target, [model], {model: draft})
+        for _ in range(40):
+            planner.acceptance(model).observe(3, 3)
+        chosen.append(planner.plan(context, {model: 3}, None, ask_proposal, horizon=32).drafter)
+    assert chosen[0] is None
+    assert isinstance(chosen[1], ModelLike)
 
 
 def test_a_draft_model_that_keeps_stopping_early_is_dropped() -> None:

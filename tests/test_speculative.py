@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
-from backends.engines.interface import LogitRows, common_prefix_length
+from backends.engines.interface import ChatMessage, LogitRows, common_prefix_length
 from backends.errors import ContextOverflowError, SettingsError
-from backends.speculation.drafters import DraftModelDrafter
+from backends.speculation.drafters import (
+    DRAFT_READ_HEAD,
+    DRAFT_READ_WINDOW,
+    DraftModelDrafter,
+)
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.planner import (
     CALIBRATION_SIZES,
@@ -20,6 +24,7 @@ from backends.speculation.planner import (
 )
 from backends.speculation.sampling import SamplingSettings, top_probability
 from backends.speculation.types import (
+    Draft,
     DraftStopRule,
     GenerationResult,
     GenerationSettings,
@@ -393,3 +398,79 @@ def test_planner_learns_its_stop_rule_from_the_answer(
     assert rule is not None  # (its floors come from costs: tests/test_planner.py)
     # The same weights draft for themselves: their sure tokens are kept.
     assert rule.kept_chance(0.99) > 0.9
+
+
+LONG_PROMPT = (
+    "Here is a log of a warehouse robot's day, one line per task:\n"
+    + "".join(f"- task {n}: crate {n * 7} from aisle {n % 5} to dock {n % 3}\n" for n in range(30))
+    + "Summarise the day in two sentences."
+)
+
+
+class ReadCounting(DraftModelDrafter):
+    """Counts every token the draft model evaluates (its reading and its own steps)."""
+
+    evaluated = 0
+
+    def draft(self, *args: Any, **kwargs: Any) -> Draft:
+        """Draft, then add up this draft's forward passes."""
+        result = super().draft(*args, **kwargs)
+        self.evaluated += sum(tokens for tokens, _seconds in self.last_passes)
+        return result
+
+
+def test_draft_model_reads_the_head_and_tail_of_a_long_context_once(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine
+) -> None:
+    """A long prompt: the draft reads its opening and last tokens, each later token once."""
+    decoder = SpeculativeDecoder(smollm_target)
+    prompt = decoder.prompt_tokens(user(LONG_PROMPT))
+    assert len(prompt) > 10 * (DRAFT_READ_HEAD + DRAFT_READ_WINDOW)
+    settings = GenerationSettings(max_tokens=SMOLLM_TOKENS, draft_max=4, p_min=0.0)
+    plain = decoder.run(prompt, settings)
+    smollm_draft.truncate(0)
+    drafter = ReadCounting(smollm_draft, p_min=0.0)
+    spec = SpeculativeDecoder(smollm_target, drafter).run(prompt, settings)
+    assert spec.token_ids == plain.token_ids  # what the draft reads never changes the text
+    assert spec.stats.accepted_draft_tokens_count > 0
+    context = [*prompt, *spec.token_ids]
+    resume_at = len(prompt) + 1 - DRAFT_READ_WINDOW  # its first draft follows the first token
+    # Its cache: the prompt's opening, then everything from the window on.
+    cached = smollm_draft.cached_tokens
+    assert cached[:DRAFT_READ_HEAD] == prompt[:DRAFT_READ_HEAD]
+    read_since = cached[DRAFT_READ_HEAD:]
+    assert read_since == context[resume_at : resume_at + len(read_since)]
+    assert len(read_since) >= len(context) - resume_at - settings.draft_max - 1
+    # Read once: the window, then each later token (a drafted one may be read again
+    # after the target's replacement of the token before it).
+    drafted = spec.stats.total_draft_tokens_count
+    window = DRAFT_READ_HEAD + DRAFT_READ_WINDOW
+    assert drafter.evaluated <= window + len(spec.token_ids) + drafted
+    # The next turn of the chat reads only what is new.
+    turn = decoder.prompt_tokens(
+        [*user(LONG_PROMPT), ChatMessage("assistant", spec.text), *user("And in one?")]
+    )
+    shared = common_prefix_length(turn, context)
+    assert shared > len(prompt)
+    assert drafter.unread(turn) <= len(turn) - shared + settings.draft_max + 1
+    # Another conversation starts a new window instead of reading all of it.
+    question = LONG_PROMPT.replace("Summarise the day in two sentences.", "Which dock won?")
+    other = decoder.prompt_tokens(user(question))
+    assert drafter.reading(other) == [*other[:DRAFT_READ_HEAD], *other[-DRAFT_READ_WINDOW:]]
+    assert drafter.unread(other) <= window
+
+
+def test_draft_model_without_a_window_reads_everything(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine
+) -> None:
+    """``window=None``: the whole context, as llama.cpp's draft reads it."""
+    prompt = SpeculativeDecoder(smollm_target).prompt_tokens(user(LONG_PROMPT))
+    smollm_draft.truncate(0)
+    drafter = DraftModelDrafter(smollm_draft, p_min=0.0, window=None)
+    assert drafter.unread(prompt) == len(prompt)
+    greedy = SamplingSettings(temperature=0.0)
+    drafter.draft(prompt, 2, greedy, np.random.default_rng(0), None)
+    assert drafter.last_passes[0][0] == len(prompt)
+    assert smollm_draft.cached_tokens[: len(prompt)] == prompt
+    with pytest.raises(SettingsError, match="reading window must be 1 token or more, not 0"):
+        DraftModelDrafter(smollm_draft, window=0)

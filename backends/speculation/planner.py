@@ -48,7 +48,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from backends.engines.interface import common_prefix_length
 from backends.speculation.types import DraftStopRule, confidence_bucket
 
 if TYPE_CHECKING:
@@ -79,8 +78,9 @@ NEW_ANSWER_FADE = 0.5
 CONFIDENT_TARGET = 0.8
 # The average is the answer's mean over its first CONFIDENCE_MEMORY rounds and a moving
 # average of that memory after; a draft model waits for CONFIDENCE_ROUNDS of them. Its first
-# try reads the whole prompt, so it waits long enough for the average to mean something:
-# on prose the 1.5B's first 4 rounds averaged 0.82, its next ones under 0.7 (AMD EPYC).
+# try reads the prompt (see DraftModelDrafter.reading), so it waits long enough for the
+# average to mean something: on prose the 1.5B's first 4 rounds averaged 0.82, its next
+# ones under 0.7 (AMD EPYC).
 CONFIDENCE_MEMORY = 16
 CONFIDENCE_ROUNDS = 8
 # A lookup's first token is a guess whose odds grow with the match behind it; once it is
@@ -317,7 +317,7 @@ class DraftPlanner:
         self._continuation: dict[Drafter, PositionAcceptance] = {}
         self._kept: dict[Drafter, ConfidenceKept] = {}
         # Whether the draft model stops where the planner learnt (False: at its p-min), and
-        # how many rounds of the target's confidence it waits for; benchmarks/draft_stop.py
+        # how many rounds of the target's confidence it waits for; benchmarks/draft_model_auto.py
         # compares them.
         self.learn_stop = True
         self.confidence_rounds = CONFIDENCE_ROUNDS
@@ -506,7 +506,7 @@ class DraftPlanner:
             else:
                 if not self.target_sure_enough():
                     continue
-                catch_up = _catch_up_tokens(drafter, context)
+                catch_up = drafter.unread(context)
                 k, rate, chunk = self._best_length(
                     drafter, limit, 0, exact_chunk, catch_up, horizon
                 )
@@ -617,11 +617,3 @@ class DraftPlanner:
                 estimate.fade(NEW_ANSWER_FADE)
         for estimate in self._continuation.values():
             estimate.fade(NEW_ANSWER_FADE)
-
-
-def _catch_up_tokens(drafter: Drafter, context: Sequence[int]) -> int:
-    """Tokens a draft model must evaluate before its first draft token of this round."""
-    engine = drafter.engine
-    if engine is None:
-        return 1
-    return max(1, len(context) - common_prefix_length(engine.cached_tokens, context))

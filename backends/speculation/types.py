@@ -311,6 +311,13 @@ class Drafter(Protocol):
         """What this drafter drafted and how much of it was accepted, so far."""
         ...
 
+    def unread(self, context: Sequence[int]) -> int:
+        """Tokens a draft model must read before its first draft token after ``context``.
+
+        What it has not read yet, at least the last token; 0 for lookups.
+        """
+        ...
+
     def draft(
         self,
         context: Sequence[int],

@@ -1,14 +1,16 @@
-"""The draft model's learnt stop against p-min, and its wait for a sure target, side by side.
+"""How the draft model is run in auto: where it stops, and how much of the prompt it reads.
 
 Loads the default pair once and, for each prompt of the peer benchmark
 (:mod:`benchmarks.vs_llama_cpp`), every round decodes plain and then with auto under each
 variant, a fresh decoder each time (their order alternating from round to round), from
 empty caches, at temperature 0:
 
-- ``p-min``: the draft model stops below its p-min (0.75, llama.cpp's rule) and waits for
-  4 rounds of a sure target (SpecDeck until session 13);
-- ``learnt, 4``: the planner's learnt stop (``DraftPlanner.stop_rule``), waiting 4 rounds;
-- ``learnt, 8``: the learnt stop, waiting 8 rounds (the default).
+- ``p-min, all``: the draft model stops below its p-min (0.75, llama.cpp's rule), waits
+  for 4 rounds of a sure target and reads the whole prompt (SpecDeck until session 13);
+- ``learnt, all``: the planner's learnt stop (``DraftPlanner.stop_rule``), a wait of 8
+  rounds, the whole prompt read (session 13);
+- ``learnt, window``: the same, the draft reading only the prompt's head and its last
+  tokens (``DraftModelDrafter.reading``; the default).
 
 This machine's speed moves by ±15 % within a minute, so besides the wall-clock ratio
 (tokens per second after the first token, over plain's of the same round) every run is
@@ -18,7 +20,7 @@ context; ``--json`` gives them). That "modeled"
 ratio is what the planner's choices are worth without the noise, and without the loop's
 own time. Medians over the rounds; every speculative text must equal plain's.
 
-    .venv/bin/python -m benchmarks.draft_stop [--prompts new-function,prose] [--rounds 6]
+    .venv/bin/python -m benchmarks.draft_model_auto [--prompts new-function,prose] [--rounds 6]
         [--max-tokens 160] [--json]
 """
 
@@ -35,6 +37,7 @@ from backends.engines.interface import ChatMessage
 from backends.engines.weight_placement import cpu_model_name
 from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, model_path
 from backends.service.bench import PairOptions, loaded_pair, timed_run
+from backends.speculation.drafters import DRAFT_READ_WINDOW, DraftModelDrafter
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.methods import build_decoder
 from backends.speculation.planner import CONFIDENCE_ROUNDS, BatchCosts, CostCache
@@ -63,12 +66,18 @@ class Variant:
     name: str
     learn_stop: bool
     confidence_rounds: int
+    read_window: int | None  # what the draft reads of a long prompt (None: all of it)
 
 
 VARIANTS = (
-    Variant("p-min", learn_stop=False, confidence_rounds=4),
-    Variant("learnt, 4", learn_stop=True, confidence_rounds=4),
-    Variant("learnt, 8", learn_stop=True, confidence_rounds=CONFIDENCE_ROUNDS),
+    Variant("p-min, all", learn_stop=False, confidence_rounds=4, read_window=None),
+    Variant("learnt, all", learn_stop=True, confidence_rounds=CONFIDENCE_ROUNDS, read_window=None),
+    Variant(
+        "learnt, window",
+        learn_stop=True,
+        confidence_rounds=CONFIDENCE_ROUNDS,
+        read_window=DRAFT_READ_WINDOW,
+    ),
 )
 
 
@@ -160,6 +169,9 @@ def compare_prompt(
             assert planner is not None
             planner.learn_stop = variant.learn_stop
             planner.confidence_rounds = variant.confidence_rounds
+            for drafter in decoder.drafters:
+                if isinstance(drafter, DraftModelDrafter):
+                    drafter.window = variant.read_window
             result, seconds = clock.run(decoder, engines, tokens, settings)
             identical = identical and result.token_ids == base.token_ids
             entry = samples[variant.name]
@@ -197,7 +209,7 @@ def table(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Measure the variants on the chosen prompts and print the table (or JSON)."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.draft_stop")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.draft_model_auto")
     parser.add_argument("--prompts", default=",".join(p.key for p in PROMPTS))
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=160)
