@@ -23,9 +23,10 @@ from backends.speculation.types import (
 )
 
 # A draft model reads a long context in part (DraftModelDrafter.reading): its first
-# DRAFT_READ_HEAD tokens and its last DRAFT_READ_WINDOW before the first draft. Reading a
-# 263-token prompt took a seventh of a 160-token answer's time on a 2-core CPU; reading
-# 24 + 32 of them, the draft was kept as often (README, "What the draft reads").
+# DRAFT_READ_HEAD tokens and its last DRAFT_READ_WINDOW before the first draft. Reading all
+# of the peer benchmark's docstring prompt took a seventh of its 160-token answer's time on
+# a 2-core CPU; reading 24 + 32 tokens of it, the draft was kept as often (README, "What the
+# draft reads").
 DRAFT_READ_HEAD = 24
 DRAFT_READ_WINDOW = 32
 
