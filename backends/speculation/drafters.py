@@ -138,10 +138,10 @@ class DraftModelDrafter:
         With a ``window``, a context longer than :data:`DRAFT_READ_HEAD` + ``window`` tokens
         is read as its first :data:`DRAFT_READ_HEAD` tokens (the chat template's opening)
         and everything from ``window`` tokens before its end on. Where reading resumes is
-        set at the first draft and kept while the draft's cache holds the head and the
-        window it read there (the rounds of an answer, the next turns of a chat, a new
-        answer to the same question), so that every later token is read once; another
-        conversation sets it anew.
+        set when the draft is first asked (by the planner or to draft) and kept while the
+        draft's cache holds the head and the window it read there (the rounds of an answer,
+        the next turns of a chat, a new answer to the same question), so that every later
+        token is read once; another conversation sets it anew.
         """
         if self.window is None:
             return context
