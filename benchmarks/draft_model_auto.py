@@ -6,7 +6,9 @@ variant, a fresh decoder each time (their order alternating from round to round)
 empty caches, at temperature 0:
 
 - ``p-min, all``: the draft model stops below its p-min (0.75, llama.cpp's rule), waits
-  for 4 rounds of a sure target and reads the whole prompt (SpecDeck until session 13);
+  for 4 rounds of the target's confidence and reads the whole prompt (SpecDeck until
+  session 13, when the draft also needed a sure target: 0.8 on average, dropped in
+  session 16);
 - ``learnt, all``: the planner's learnt stop (``DraftPlanner.stop_rule``), a wait of 8
   rounds, the whole prompt read (session 13);
 - ``learnt, window``: the same, the draft reading only the prompt's head and its last

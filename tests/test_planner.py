@@ -10,6 +10,7 @@ import pytest
 from backends.engines.interface import common_prefix_length
 from backends.speculation.planner import (
     CONFIDENCE_ROUNDS,
+    DRAFT_MODEL_PRIOR,
     BatchCosts,
     ConfidenceKept,
     DraftPlanner,
@@ -306,10 +307,11 @@ def test_a_new_answer_halves_what_the_last_taught_about_the_draft_model() -> Non
     assert sum(planner.acceptance(lookup, 20).reached) == pytest.approx(lookup_seen)
 
 
-def test_a_draft_model_waits_for_a_sure_target() -> None:
+def test_a_draft_model_waits_for_the_targets_confidence_and_takes_it_as_its_prior() -> None:
     model = ModelLike()
     planner = DraftPlanner(linear(0.002, 0.02), [model], {model: linear(0.001)})
     assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is model  # no loop: on
+    assert planner.acceptance(model).prior == DRAFT_MODEL_PRIOR
     planner.start_answer()
     # The first rounds of an answer measure how sure the target is of its own tokens.
     for _ in range(CONFIDENCE_ROUNDS - 1):
@@ -317,12 +319,42 @@ def test_a_draft_model_waits_for_a_sure_target() -> None:
         assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is None
     planner.observe_target_confidence(0.95)
     assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is model
-    # Prose: the target hesitates (0.66 on average for the 1.5B): the draft model rests,
-    # however cheap it is.
+    assert planner.acceptance(model).prior == pytest.approx(0.95)
+    assert planner.acceptance(model).rate(0) == pytest.approx(0.95)
+
+
+def prose_planner(draft_step: float) -> tuple[DraftPlanner, ModelLike]:
+    """A planner after 9 rounds of prose: the target averaged 0.73 on its own tokens.
+
+    The target costs 55 ms a step and 58 ms for a batch of 4 (nearly free rows, as the
+    1.5B on a 2-core Xeon with AMX).
+    """
+    model = ModelLike()
+    target = BatchCosts({1: 0.055, 2: 0.056, 4: 0.058, 8: 0.083, 16: 0.146})
+    planner = DraftPlanner(target, [model], {model: linear(draft_step, 0.001)})
     planner.start_answer()
     for probability in (0.99, 0.4, 0.7, 0.55, 0.9, 0.6, 0.95, 0.8, 0.7):
         planner.observe_target_confidence(probability)
-    assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is None
+    return planner, model
+
+
+def test_on_prose_the_costs_decide_whether_a_draft_model_pays() -> None:
+    # The prior follows the hesitating target, and a draft model is tried...
+    planner, model = prose_planner(draft_step=0.011)
+    assert planner.acceptance(model).prior == pytest.approx(planner._target_confidence)
+    assert 0.6 < planner.acceptance(model).prior < 0.8
+    assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is model
+    # ...then measured as the 0.5B is on prose: 60 % of its drafts keep the first token,
+    # half of those the second, a third of those the third.
+    dear, dear_model = prose_planner(draft_step=0.04)
+    for index in range(30):
+        accepted = (0, 0, 0, 0, 1, 1, 1, 2, 2, 3)[index % 10]
+        planner.observe_round(RoundPlan(model, 3), 3, accepted, 0, 0.0)
+        dear.observe_round(RoundPlan(dear_model, 3), 3, accepted, 0, 0.0)
+    # A draft step a fifth of a target step: that pays, and the draft model goes on.
+    assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is model
+    # Three quarters of a target step: it does not, and the draft model rests.
+    assert dear.plan([1], {dear_model: 4}, None, ask_proposal).drafter is None
 
 
 def test_confidence_kept_starts_at_the_draft_probability_and_learns() -> None:

@@ -35,9 +35,11 @@ and one more token is cheap, and not elsewhere. How often it goes on drafting (t
 shortens both its passes and the verification). And
 what it must read before it can draft. Beyond its steady catch-up (the last draft token and
 the target's own) that reading (the prompt, on its first round) is paid once, so it is
-spread over the tokens still to come instead of charged to one round. And a draft model
-is tried only where the target is sure of its own tokens (on average over the answer so
-far): code, not prose.
+spread over the tokens still to come instead of charged to one round. And before it has
+data in an answer, a draft model is expected to be right about as often as the target is
+sure of its own tokens (on average over the answer so far): a small model of the family
+agrees with the big one where the big one is sure, so the prior is high on code and
+lower on prose, and the costs decide whether that pays on this machine.
 """
 
 from __future__ import annotations
@@ -70,12 +72,14 @@ CONTINUATION_PRIOR = 0.9  # how often a draft model's confidence stays above p-m
 # code) halves the weight of what the last one taught about the draft model.
 CONTINUATION_DECAY = 0.9
 NEW_ANSWER_FADE = 0.5
-# A draft model is a candidate only while the target is, on average over this answer, at
-# least this sure of its own tokens: a small model agrees with a big one where the big one
-# is sure, and where it hesitates the draft mostly stops at once (p-min) or is refused.
-# The 1.5B gave its tokens 0.91-0.97 on average on code, 0.66 on prose (on a 2-core Xeon),
-# and on prose the 0.5B's drafts cost more than they gave at every p-min tried (0.4-0.75).
-CONFIDENT_TARGET = 0.8
+# Until it has data in an answer, a draft model is expected to be kept about as often as
+# the target is sure of its own tokens (its softmax maximum, averaged over the answer so
+# far). Teacher-forced over the target's own answers (Intel(R) Xeon(R) Processor with AMX,
+# 2 cores, session 16) the 0.5B's top token was the 1.5B's on 95-98 % of the tokens of
+# code and edits, where the 1.5B averaged 0.91-0.97, and on 61 % of prose, where it
+# averaged 0.66. Whether that pays is the costs' to say: on prose it did not on a 2-core
+# Xeon without SpecDeck's kernels (0.94-0.95x, README) and does on one with them (a draft
+# step a fifth of a target step, batches of up to 4 tokens about one step).
 # The average is the answer's mean over its first CONFIDENCE_MEMORY rounds and a moving
 # average of that memory after; a draft model waits for CONFIDENCE_ROUNDS of them. Its first
 # try reads the prompt (see DraftModelDrafter.reading), so it waits long enough for the
@@ -346,7 +350,19 @@ class DraftPlanner:
             else:
                 estimate = PositionAcceptance(DRAFT_MODEL_PRIOR)
             self._acceptance[key] = estimate
+        if not drafter.lookup:
+            estimate.prior = self.draft_model_prior()
         return estimate
+
+    def draft_model_prior(self) -> float:
+        """A draft model's expected rate per position before it has data in this answer.
+
+        The target's average confidence in the answer so far (:data:`DRAFT_MODEL_PRIOR`
+        while no loop reports one).
+        """
+        if not self._confidence_expected or self._confidence_rounds == 0:
+            return DRAFT_MODEL_PRIOR
+        return self._target_confidence
 
     def continuation(self, drafter: Drafter) -> PositionAcceptance:
         """How often a draft model goes on to its ``i``-th token, given it gave the ones before.
@@ -504,7 +520,7 @@ class DraftPlanner:
                 )
                 candidate = RoundPlan(drafter, k, proposal, rate, plain, chunk)
             else:
-                if not self.target_sure_enough():
+                if not self.draft_model_ready():
                     continue
                 catch_up = drafter.unread(context)
                 k, rate, chunk = self._best_length(
@@ -552,17 +568,16 @@ class DraftPlanner:
         weight = 1.0 / min(self._confidence_rounds, CONFIDENCE_MEMORY)
         self._target_confidence += weight * (probability - self._target_confidence)
 
-    def target_sure_enough(self) -> bool:
-        """Whether the target is sure enough of its tokens in this answer for a draft model.
+    def draft_model_ready(self) -> bool:
+        """Whether a draft model may be planned: its prior has been measured long enough.
 
-        True for a planner no loop reports confidence to (planned on its own).
+        The prior (:meth:`draft_model_prior`) is the target's confidence over this answer's
+        first :data:`CONFIDENCE_ROUNDS` rounds. True for a planner no loop reports
+        confidence to (planned on its own).
         """
         if not self._confidence_expected:
             return True
-        return (
-            self._confidence_rounds >= self.confidence_rounds
-            and self._target_confidence >= CONFIDENT_TARGET
-        )
+        return self._confidence_rounds >= self.confidence_rounds
 
     def observe_target(self, size: int, seconds: float) -> None:
         """A measured target forward pass of ``size`` tokens."""
