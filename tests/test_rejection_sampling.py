@@ -42,6 +42,7 @@ class BigramEngine:
     cached_tokens = property(lambda self: self._tokens)
     decode_seconds = property(lambda self: 0.0)
     exact_batch_limit = None
+    exact_siblings = False
 
     @property
     def vocab(self) -> VocabFacts:
@@ -63,6 +64,11 @@ class BigramEngine:
     def evaluate(self, tokens: Sequence[int], logit_rows: int) -> LogitRows:
         self._tokens.extend(tokens)
         return self.table[list(self._tokens[-logit_rows:])]
+
+    def evaluate_with_sibling(
+        self, tokens: Sequence[int], logit_rows: int, sibling_at: int, sibling: int
+    ) -> LogitRows:
+        raise AssertionError("sampling never verifies siblings")
 
     def truncate(self, n_tokens: int) -> None:
         del self._tokens[n_tokens:]

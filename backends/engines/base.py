@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
 from backends.engines.interface import LoadReport
-from backends.errors import ContextOverflowError
+from backends.errors import ContextOverflowError, EngineError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from backends.engines.chat_template import ChatTemplate
-    from backends.engines.interface import ChatMessage, VocabFacts
+    from backends.engines.interface import ChatMessage, LogitRows, VocabFacts
     from backends.engines.rpc import WorkerStatus
     from backends.models.gguf_info import ModelInfo
 
@@ -42,6 +42,7 @@ class EngineBase:
         self._tokens: list[int] = []  # what the KV cache holds
         self._decode_seconds = 0.0
         self._exact_batch_limit: int | None = None
+        self._exact_siblings = False
         self._piece_cache: dict[int, bytes] = {}
         self._closed = False
 
@@ -81,6 +82,11 @@ class EngineBase:
     def exact_batch_limit(self) -> int | None:
         """Largest batch whose logits equal single-token logits bitwise (None: not probed)."""
         return self._exact_batch_limit
+
+    @property
+    def exact_siblings(self) -> bool:
+        """Whether sibling branches are available and probed exact (never by default)."""
+        return self._exact_siblings
 
     def _finish_load(
         self,
@@ -155,6 +161,12 @@ class EngineBase:
                 f"{position + count} tokens do not fit the context of {self._n_ctx} tokens"
             )
         return position
+
+    def evaluate_with_sibling(
+        self, tokens: Sequence[int], logit_rows: int, sibling_at: int, sibling: int
+    ) -> LogitRows:
+        """Not available unless an engine says so (:attr:`exact_siblings`)."""
+        raise EngineError(f"{self.name}: this engine does not verify sibling branches")
 
     def truncate(self, n_tokens: int) -> None:
         """Drop cached tokens from position ``n_tokens`` on."""

@@ -144,6 +144,23 @@ class ModelEngine(Protocol):
         """
         ...
 
+    @property
+    def exact_siblings(self) -> bool:
+        """Whether :meth:`evaluate_with_sibling` works and its rows are plain decoding's."""
+        ...
+
+    def evaluate_with_sibling(
+        self, tokens: Sequence[int], logit_rows: int, sibling_at: int, sibling: int
+    ) -> LogitRows:
+        """Like :meth:`evaluate`, with a second branch in the same batch.
+
+        The branch shares the cache and ``tokens[:sibling_at]`` and holds ``sibling`` in place
+        of ``tokens[sibling_at]``. Returns ``logit_rows + 1`` rows: those of ``evaluate`` and
+        then the sibling's. Afterwards the cache holds ``tokens`` appended, as after
+        ``evaluate``, and nothing of the branch. Only where :attr:`exact_siblings` is true.
+        """
+        ...
+
     def truncate(self, n_tokens: int) -> None:
         """Roll the KV cache back so that it holds only its first ``n_tokens`` tokens."""
         ...
@@ -187,6 +204,23 @@ def extend_cache(
     return engine.evaluate(context[keep:], logit_rows), len(context) - keep
 
 
+def extend_cache_with_sibling(
+    engine: ModelEngine, context: Sequence[int], logit_rows: int, sibling_at: int, sibling: int
+) -> tuple[LogitRows, int]:
+    """:func:`extend_cache`, with ``sibling`` in place of ``context[sibling_at]`` as a branch.
+
+    Returns ``logit_rows + 1`` rows (the sibling's last) and how many tokens were evaluated.
+    ``sibling_at`` must fall within the last ``logit_rows`` tokens, after the first.
+    """
+    if not len(context) - logit_rows < sibling_at < len(context):
+        raise ValueError(f"sibling_at={sibling_at} outside the last {logit_rows} rows")
+    keep = min(common_prefix_length(engine.cached_tokens, context), len(context) - logit_rows)
+    if keep < len(engine.cached_tokens):
+        engine.truncate(keep)
+    rows = engine.evaluate_with_sibling(context[keep:], logit_rows, sibling_at - keep, sibling)
+    return rows, len(context) - keep
+
+
 def sync_cache(engine: ModelEngine, context: Sequence[int], logit_rows: int = 1) -> LogitRows:
     """Make the engine's cache hold exactly ``context`` and return the last logit rows."""
     return extend_cache(engine, context, logit_rows)[0]
@@ -201,14 +235,53 @@ def probe_exact_batch_limit(engine: ModelEngine, probe_size: int, all_exact_limi
     2 .. ``probe_size`` are tried; when all are exact, ``all_exact_limit`` is assumed.
     Leaves the cache empty. Costs a few dozen tokens.
     """
+    body, singles = _probe_singles(engine, probe_size)
+    limit = _exact_batch_limit(engine, body, singles, all_exact_limit)
+    engine.truncate(0)
+    return limit
+
+
+def probe_exact_batches_and_siblings(
+    engine: ModelEngine, probe_size: int, all_exact_limit: int
+) -> tuple[int, bool]:
+    """:func:`probe_exact_batch_limit`, and whether sibling branches are exact too.
+
+    A chain of 4 of the probe's tokens with a wrong third token and the right one as its
+    sibling (:meth:`ModelEngine.evaluate_with_sibling`): the chain's rows before the branch
+    and the sibling's row must equal single-token logits, and so must the logits after the
+    branch is dropped (its cells must leave the cache in order). Two passes more.
+    """
+    body, singles = _probe_singles(engine, max(4, probe_size))
+    limit = _exact_batch_limit(engine, body, singles, all_exact_limit)
+    engine.truncate(1)
+    wrong = (body[2] + 1) % engine.vocab.n_vocab
+    rows = engine.evaluate_with_sibling([body[0], body[1], wrong, body[3]], 4, 2, body[2])
+    exact = all(
+        np.array_equal(rows[row], singles[single]) for row, single in ((0, 0), (1, 1), (4, 2))
+    )
+    engine.truncate(3)
+    after = engine.evaluate(body[2:4], 2)
+    exact = exact and all(np.array_equal(after[i], singles[2 + i]) for i in range(2))
+    engine.truncate(0)
+    log.info("%s: sibling branches %s", engine.name, "exact" if exact else "not exact: off")
+    return limit, exact
+
+
+def _probe_singles(engine: ModelEngine, probe_size: int) -> tuple[list[int], list[LogitRows]]:
+    """A start token, then ``probe_size`` tokens one by one: (those tokens, their logits)."""
     text = "def probe(values):\n    return sorted(set(values))  # exactness probe\n"
     sequence = engine.tokenize(text, add_special=False, parse_special=False)
-    # One token to start from, then ``probe_size`` tokens: batches of 2 .. probe_size.
     sequence = (sequence * (2 + probe_size // max(1, len(sequence))))[: probe_size + 1]
     start, body = sequence[:1], sequence[1:]
     engine.truncate(0)
     engine.evaluate(start, 1)
-    singles = [engine.evaluate([token], 1)[0].copy() for token in body]
+    return body, [engine.evaluate([token], 1)[0].copy() for token in body]
+
+
+def _exact_batch_limit(
+    engine: ModelEngine, body: list[int], singles: list[LogitRows], all_exact_limit: int
+) -> int:
+    """The largest batch of ``body`` after the start token that reproduces ``singles``."""
     limit = 1
     for size in range(2, len(body) + 1):
         engine.truncate(1)
@@ -216,7 +289,6 @@ def probe_exact_batch_limit(engine: ModelEngine, probe_size: int, all_exact_limi
         if not all(np.array_equal(rows[i], singles[i]) for i in range(size)):
             break
         limit = size
-    engine.truncate(0)
     if limit == len(body):
         limit = all_exact_limit
     log.info("%s: batches up to %d tokens reproduce single-token logits", engine.name, limit)

@@ -32,6 +32,7 @@ from backends.engines.interface import (
     LogitRows,
     VocabFacts,
     probe_exact_batch_limit,
+    probe_exact_batches_and_siblings,
 )
 from backends.engines.load_guard import SAFEST, RiskySettings, checkpoint
 from backends.engines.rpc import (
@@ -366,14 +367,29 @@ class LlamaEngine(EngineBase):
         ctx_params.n_ctx = n_ctx
         ctx_params.n_batch = self.settings.n_batch
         ctx_params.n_ubatch = self.settings.n_batch
-        ctx_params.n_seq_max = 1
         ctx_params.n_threads = threads
         ctx_params.n_threads_batch = threads
         ctx_params.offload_kqv = True
-        if self.settings.single_path_attention and not is_draft and not build.supports_gpu_offload:
+        single_path = (
+            self.settings.single_path_attention and not is_draft and not build.supports_gpu_offload
+        )
+        if single_path:
             ctx_params.flash_attn_type = _FLASH_ATTENTION_ENABLED
             ctx_params.type_k = _GGML_TYPE_F16
             ctx_params.type_v = _GGML_TYPE_Q8_0
+        # Sibling branches need a second sequence sharing the cells of the first. Only where
+        # attention takes the CPU's one flash-attention path: it visits a row's cells in
+        # order and skips masked ones, so a branch's cells change no sum (measured:
+        # benchmarks/sibling_tree.py, and probed below); and only over a plain KV cache
+        # (no recurrent state, no sliding window), where a branch is cells and nothing more.
+        plain_cache = not (
+            llama_cpp.llama_model_is_recurrent(model)
+            or llama_cpp.llama_model_is_hybrid(model)
+            or llama_cpp.llama_model_n_swa(model) > 0
+        )
+        sequences = 2 if single_path and plain_cache and not worker_addresses else 1
+        ctx_params.n_seq_max = self._sequences = sequences
+        ctx_params.kv_unified = True
         ctx_params.no_perf = True
         context = llama_cpp.llama_init_from_model(model, ctx_params)
         if not context:
@@ -385,7 +401,7 @@ class LlamaEngine(EngineBase):
         self._n_ctx = int(llama_cpp.llama_n_ctx(context))
         self._n_batch = int(llama_cpp.llama_n_batch(context))
         self._n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, sequences)
         for index in range(self._n_batch):
             self._batch.n_seq_id[index] = 1
             self._batch.seq_id[index][0] = 0
@@ -403,9 +419,13 @@ class LlamaEngine(EngineBase):
         if self.settings.probe_exact_batch and not is_draft:
             # The first forward pass: where a broken CPU kernel crashes.
             checkpoint("main-probe", self.path, safe=self.settings.risky == SAFEST)
-            self._exact_batch_limit = probe_exact_batch_limit(
-                self, _PROBE_MAX_BATCH, min(self._n_batch, exact_batch_ceiling())
-            )
+            ceiling = min(self._n_batch, exact_batch_ceiling())
+            if sequences > 1:
+                self._exact_batch_limit, self._exact_siblings = probe_exact_batches_and_siblings(
+                    self, _PROBE_MAX_BATCH, ceiling
+                )
+            else:
+                self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, ceiling)
         self._finish_load(
             started,
             backend=build.backend_label,
@@ -589,6 +609,51 @@ class LlamaEngine(EngineBase):
             self._tokens.extend(chunk)
         pointer = llama.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(pointer, shape=(logit_rows, self._n_vocab))
+
+    def evaluate_with_sibling(
+        self, tokens: Sequence[int], logit_rows: int, sibling_at: int, sibling: int
+    ) -> LogitRows:
+        """Decode ``tokens`` and a sibling branch in one batch (sequence 1, dropped after)."""
+        count = len(tokens)
+        if self._sequences < 2:
+            raise EngineError(f"{self.name}: this context has no room for sibling branches")
+        if not 0 <= count - logit_rows <= sibling_at < count:
+            raise ValueError(f"sibling_at={sibling_at} outside the last {logit_rows} rows")
+        # The batch holds the sibling too: one more token and one more cell.
+        position = self._batch_position(count + 1, logit_rows, self._n_batch, "n_batch")
+        if count + 1 > self._n_batch:
+            raise ValueError(f"{count} tokens and a sibling exceed n_batch {self._n_batch}")
+        llama, memory, batch = self._llama, self._memory, self._batch
+        first_output = count - logit_rows
+        llama.llama_memory_seq_cp(memory, 0, 1, -1, -1)  # the branch sees the whole cache
+        for index, token in enumerate(tokens):
+            batch.token[index] = token
+            batch.pos[index] = position + index
+            batch.logits[index] = index >= first_output
+            if index < sibling_at:
+                batch.n_seq_id[index] = 2
+                batch.seq_id[index][1] = 1
+        batch.token[count] = sibling
+        batch.pos[count] = position + sibling_at
+        batch.logits[count] = True
+        batch.seq_id[count][0] = 1
+        batch.n_tokens = count + 1
+        began = time.perf_counter()
+        try:
+            status = llama.llama_decode(self._ctx, batch)
+        finally:
+            self._decode_seconds += time.perf_counter() - began
+            llama.llama_memory_seq_rm(memory, 1, -1, -1)
+            for index in range(count + 1):  # back to one sequence for evaluate()
+                batch.n_seq_id[index] = 1
+                batch.seq_id[index][0] = 0
+        if status != 0:
+            self._roll_back(position)
+            detail = self._native_errors() or f"llama_decode returned {status}"
+            raise EngineError(f"{self.name}: evaluation failed: {detail}")
+        self._tokens.extend(tokens)
+        pointer = llama.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(pointer, shape=(logit_rows + 1, self._n_vocab))
 
     def _native_errors(self) -> str:
         return _native_log.take_errors() if _native_log is not None else ""

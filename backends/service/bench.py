@@ -146,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
         "faster where big batches are cheap, but a near-tie may resolve differently",
     )
     parser.add_argument(
+        "--no-sibling-branches",
+        action="store_true",
+        help="never verify the draft model's second choice as a sibling branch (temperature 0)",
+    )
+    parser.add_argument(
         "--suite",
         action="store_true",
         help="run the benchmark suite: every prompt, plain and with every method",
@@ -252,6 +257,7 @@ def _generation_settings(args: argparse.Namespace) -> GenerationSettings:
         verification=args.verification,
         lookup_draft_max=args.lookup_draft_max,
         exact_batches=not args.fast_batches,
+        sibling_branches=not args.no_sibling_branches,
     )
 
 
@@ -639,6 +645,12 @@ def _draft_line(stats: SpeculationStats) -> str:
         f"{stats.rejected_draft_tokens_count} rejected, "
         f"{stats.ignored_draft_tokens_count} ignored — acceptance "
         f"{_percent(stats.acceptance_rate)}"
+        + (
+            f" (of them {stats.sibling_tokens_count} second choices as siblings, "
+            f"{stats.accepted_sibling_tokens_count} taken)"
+            if stats.sibling_tokens_count
+            else ""
+        )
     )
 
 

@@ -675,6 +675,8 @@ def combined_stats(runs: Sequence[SpeculationStats]) -> SpeculationStats:
             "accepted_draft_tokens_count",
             "rejected_draft_tokens_count",
             "ignored_draft_tokens_count",
+            "sibling_tokens_count",
+            "accepted_sibling_tokens_count",
             "generation_seconds",
             "total_seconds",
             "draft_seconds",

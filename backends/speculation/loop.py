@@ -15,10 +15,18 @@ llama.cpp's server and mlx-lm do): also lossless, but it accepts less often from
 sampling draft model; every emitted token is then one draw of the target's own random
 stream, so with a seed the text is plain sampling's with that seed, whatever was drafted.
 
+At temperature 0 a draft model's draft may carry its second choice at one position as a
+sibling branch, evaluated in the same batch in a second sequence that shares the cache
+(where the engine's sibling rows are probed bitwise plain decoding's, and the planner's
+cost table says the extra row pays). Where the target refuses the chain there and its own
+token is the sibling, the sibling's row gives one more token in the same round; the
+sibling's cells are dropped and it is evaluated again, in order, in the next round's batch.
+
 Draft-token accounting follows LM Studio's names:
 
 - accepted: drafted tokens the target kept and that were emitted;
-- rejected: the first refused token of a draft and every token after it;
+- rejected: the first refused token of a draft and every token after it, and a sibling
+  the target did not take (a verified sibling counts as one drafted token);
 - ignored: drafted tokens never used, because the draft was shorter than ``draft_min``
   or generation stopped (end of generation, max tokens, stop string, cancel) first;
 
@@ -35,10 +43,22 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.engines.interface import ChatMessage, LogitRows, ModelEngine, extend_cache
+from backends.engines.interface import (
+    ChatMessage,
+    LogitRows,
+    ModelEngine,
+    common_prefix_length,
+    extend_cache,
+    extend_cache_with_sibling,
+)
 from backends.errors import ContextOverflowError, SettingsError
 from backends.speculation.drafters import NoDrafter
-from backends.speculation.planner import DRAFT_CALIBRATION_SIZES, CostCache, DraftPlanner
+from backends.speculation.planner import (
+    DRAFT_CALIBRATION_SIZES,
+    MAX_TREE_ROWS,
+    CostCache,
+    DraftPlanner,
+)
 from backends.speculation.sampling import (
     probabilities,
     residual_distribution,
@@ -52,6 +72,7 @@ from backends.speculation.types import (
     GenerationResult,
     GenerationSettings,
     GenerationUpdate,
+    Sibling,
     SpeculationStats,
     StopReason,
     TokenOrigin,
@@ -228,6 +249,16 @@ class _Generation:
         self.exact_chunk: int | None = None
         if self.sampling.greedy and settings.exact_batches and limit is not None and limit >= 1:
             self.exact_chunk = limit
+        # The most tokens a batch with a sibling may hold (0: no siblings): greedy
+        # verification, an engine whose sibling rows are plain decoding's, the probed limit.
+        self.tree_rows = 0
+        if (
+            settings.sibling_branches
+            and self.sampling.greedy
+            and target.exact_siblings
+            and limit is not None
+        ):
+            self.tree_rows = min(MAX_TREE_ROWS, limit)
         if planner is not None:
             planner.start_answer()
 
@@ -271,7 +302,7 @@ class _Generation:
 
     def _make_draft(self, drafter: Drafter, max_tokens: int) -> Draft:
         started = time.perf_counter()
-        stop = None if self.planner is None else self.planner.stop_rule(drafter)
+        stop = None if self.planner is None else self.planner.stop_rule(drafter, self.tree_rows)
         draft = drafter.draft(
             self.context, max_tokens, self.sampling, self.draft_rng, self.cancel, stop
         )
@@ -328,7 +359,9 @@ class _Generation:
             self._finish("cancelled")
             return
         started = time.perf_counter()
-        accepted, own_token = self._verify(draft, plan.verify_chunk if plan else None)
+        chunk_rows = plan.verify_chunk if plan else None
+        sibling = self._sibling_that_fits(draft, chunk_rows)
+        accepted, own_token, bonus = self._verify(draft, chunk_rows, sibling)
         self.stats.verify_seconds += time.perf_counter() - started
         self.stats.rounds += 1
         self.stats.draft_length_counts[len(draft.tokens)] = (
@@ -345,8 +378,12 @@ class _Generation:
                 break
             self.stats.accepted_draft_tokens_count += 1
             self._emit(token, TokenOrigin.DRAFT)
+        if sibling is not None:
+            self._account_sibling(taken=bonus is not None)
         if not self.finished:
-            self._emit(own_token, TokenOrigin.TARGET)
+            self._emit(own_token, TokenOrigin.TARGET if bonus is None else TokenOrigin.DRAFT)
+        if bonus is not None and not self.finished:
+            self._emit(bonus, TokenOrigin.TARGET)
         if self.planner is not None and not first_round:
             engine_time = self._engine_seconds() - engine_before
             overhead = time.perf_counter() - round_started - engine_time
@@ -355,6 +392,43 @@ class _Generation:
                     plan, len(draft.tokens), accepted, draft.evidence, overhead, draft.confidences
                 )
             self.planner.score_shadows(self.context)
+
+    def _sibling_that_fits(self, draft: Draft, chunk_rows: int | None) -> Sibling | None:
+        """The draft's sibling if the whole tree fits one batch this round (else None)."""
+        if draft.sibling is None or self.tree_rows == 0:
+            return None
+        cached = common_prefix_length(self.target.cached_tokens, self.context)
+        unread = len(self.context) - min(cached, len(self.context) - 1)
+        limit = self.tree_rows if chunk_rows is None else min(self.tree_rows, chunk_rows)
+        return draft.sibling if unread + len(draft.tokens) + 1 <= limit else None
+
+    def _account_sibling(self, *, taken: bool) -> None:
+        """Count a verified sibling as one drafted token (taken only if it was emitted)."""
+        self.stats.sibling_tokens_count += 1
+        self.stats.total_draft_tokens_count += 1
+        if not taken:
+            self.stats.rejected_draft_tokens_count += 1
+        elif self.finished:
+            self.stats.ignored_draft_tokens_count += 1
+        else:
+            self.stats.accepted_sibling_tokens_count += 1
+            self.stats.accepted_draft_tokens_count += 1
+
+    def _tree_rows(self, proposed: list[int], sibling: Sibling) -> tuple[LogitRows, LogitRows]:
+        """The target's rows 0..k for ``context + proposed`` and the sibling's, one batch."""
+        started = time.perf_counter()
+        rows, evaluated = extend_cache_with_sibling(
+            self.target,
+            self.context + proposed,
+            len(proposed) + 1,
+            len(self.context) + sibling.index,
+            sibling.token,
+        )
+        if self.planner is not None:
+            self.planner.observe_target(evaluated + 1, time.perf_counter() - started)
+        batches = self.stats.verify_batch_counts
+        batches[len(rows)] = batches.get(len(rows), 0) + 1
+        return rows[:-1], rows[-1]
 
     def _target_rows(self, proposed: list[int], chunk_rows: int | None) -> Iterator[LogitRows]:
         """The target's logit rows 0..k for ``context + proposed``, evaluated lazily in chunks.
@@ -386,11 +460,14 @@ class _Generation:
             yield from rows
             first = last + 1
 
-    def _verify(self, draft: Draft, chunk_rows: int | None) -> tuple[int, int]:
-        """Evaluate the draft with the target; return (accepted count, the target's token).
+    def _verify(
+        self, draft: Draft, chunk_rows: int | None, sibling: Sibling | None = None
+    ) -> tuple[int, int, int | None]:
+        """Evaluate the draft with the target: (accepted count, the target's token, bonus).
 
         ``chunk_rows``: rows per verification batch the plan asked for (None: as many as
-        exactness allows).
+        exactness allows). With a ``sibling`` (greedy only) the tree is one batch; where the
+        target's token is the sibling, the bonus is the target's token after it (else None).
         """
         proposed = draft.tokens
         positions = self.stats.verified_at_position
@@ -399,12 +476,22 @@ class _Generation:
             positions.append(0)
             accepted_at.append(0)
         greedy = self.sampling.greedy
-        for index, row in enumerate(self._target_rows(proposed, chunk_rows)):
+        sibling_row: LogitRows | None = None
+        rows: Iterator[LogitRows] | LogitRows
+        if sibling is not None:
+            rows, sibling_row = self._tree_rows(proposed, sibling)
+        else:
+            rows = self._target_rows(proposed, chunk_rows)
+        for index, row in enumerate(rows):
             if index == len(proposed):
                 # Every draft token was accepted: the last row gives a bonus token.
                 self._observe_confidence(row)
-                return index, int(np.argmax(row)) if greedy else sample(
-                    probabilities(row, self.sampling), self.rng
+                return (
+                    index,
+                    int(np.argmax(row))
+                    if greedy
+                    else sample(probabilities(row, self.sampling), self.rng),
+                    None,
                 )
             token = proposed[index]
             positions[index] += 1
@@ -412,27 +499,29 @@ class _Generation:
                 best = int(np.argmax(row))
                 if best != token:
                     self._observe_confidence(row)
-                    return index, best
+                    if sibling_row is not None and sibling == Sibling(index, best):
+                        return index, best, int(np.argmax(sibling_row))
+                    return index, best, None
             else:
                 p = probabilities(row, self.sampling)
                 if self.settings.verification == "sample-match":
                     own = sample(p, self.rng)
                     if own != token:
                         self._observe_confidence(row)
-                        return index, own
+                        return index, own, None
                 elif draft.distributions is not None:
                     q = draft.distributions[index]
                     ratio = p[token] / q[token] if q[token] > 0.0 else 0.0
                     if self.rng.random() >= min(1.0, ratio):
                         self._observe_confidence(row)
-                        return index, sample(residual_distribution(p, q), self.rng)
+                        return index, sample(residual_distribution(p, q), self.rng), None
                 elif self.rng.random() >= p[token]:
                     self._observe_confidence(row)
                     # A deterministic draft is a point mass q = 1 at the proposed token:
                     # accept with probability p(x); the residual max(0, p - q) is p without x.
                     residual = p.copy()
                     residual[token] = 0.0
-                    return index, sample(residual / residual.sum(), self.rng)
+                    return index, sample(residual / residual.sum(), self.rng), None
             accepted_at[index] += 1
         raise AssertionError("the target produced fewer rows than asked for")
 

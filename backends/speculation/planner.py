@@ -96,6 +96,9 @@ LOOKUP_LATER_PRIOR = 0.9
 UNUSED_DRIFT = 0.995  # per round a drafter sits unused, its evidence fades (re-exploration)
 GAIN_MARGIN = 1.03  # speculate only when expected to be at least this much faster
 VERIFY_CHUNKS = (2, 4, 8, 16)  # chunk sizes a plan may verify in, besides one batch
+# The most rows a batch with a sibling branch has: a draft model's drafts are short (a
+# sibling pays where the draft is unsure, and there the draft stops early).
+MAX_TREE_ROWS = 17
 EVIDENCE_LEVELS = (0, 1, 4, 8, 16)  # lookup evidence buckets: match length >= each bound
 SHADOW_LIMIT = 64  # longest unused lookup proposal scored against the real continuation
 # A draft model evaluates, before its first draft token of a round, what it has not seen:
@@ -383,23 +386,30 @@ class DraftPlanner:
             estimate = self._kept[drafter] = ConfidenceKept()
         return estimate
 
-    def stop_rule(self, drafter: Drafter) -> DraftStopRule | None:
+    def stop_rule(self, drafter: Drafter, tree_rows: int = 0) -> DraftStopRule | None:
         """Where a draft model should stop drafting now (None for lookups, or its p-min).
 
         A draft token is worth a verification row (the mean extra cost of the rows of a
         batch of 4 over a single step) where its chance of being kept, times the target
         step it then saves, is at least that row; going on to the next token costs a draft
-        model step more.
+        model step more. ``tree_rows``: the most rows a batch with a sibling branch may
+        have (0: none), whose extra rows the rule then prices one by one.
         """
         costs = self.draft_costs(drafter)
         if costs is None or drafter.lookup or not self.learn_stop:
             return None
-        step = max(1e-9, self.target_costs.cost(1))
-        row = max(0.0, (self.target_costs.cost(4) - self.target_costs.cost(1)) / 3)
+        target = self.target_costs
+        step = max(1e-9, target.cost(1))
+        row = max(0.0, (target.cost(4) - target.cost(1)) / 3)
+        extra_row = tuple(
+            max(0.0, target.cost(rows + 1) - target.cost(rows)) / step
+            for rows in range(1, min(tree_rows, MAX_TREE_ROWS))
+        )
         return DraftStopRule(
             self.kept_by_confidence(drafter).rates(),
             keep_floor=min(1.0, row / step),
             go_on_floor=min(1.0, (costs.cost(1) + row) / step),
+            extra_row=extra_row,
         )
 
     def draft_costs(self, drafter: Drafter) -> BatchCosts | None:

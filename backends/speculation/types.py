@@ -65,6 +65,9 @@ class GenerationSettings:
     # exactly plain decoding's. False verifies a draft in one batch, as llama.cpp does:
     # faster where big batches are cheap, but a near-tie may then resolve differently.
     exact_batches: bool = True
+    # At temperature 0, let a draft model's second choice ride along as a sibling branch
+    # where the planner's costs say it pays and the engine's sibling rows are exact.
+    sibling_branches: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -99,6 +102,10 @@ class SpeculationStats:
     accepted_draft_tokens_count: int = 0
     rejected_draft_tokens_count: int = 0
     ignored_draft_tokens_count: int = 0
+    # Of those, the draft model's second choices verified as siblings of a chain, and the
+    # siblings the target took (a sibling not taken counts as rejected).
+    sibling_tokens_count: int = 0
+    accepted_sibling_tokens_count: int = 0
     # verified_at_position[i]: drafts whose (i+1)-th token reached verification
     verified_at_position: list[int] = field(default_factory=list)
     accepted_at_position: list[int] = field(default_factory=list)
@@ -171,6 +178,8 @@ class SpeculationStats:
             "accepted_draft_tokens_count": self.accepted_draft_tokens_count,
             "rejected_draft_tokens_count": self.rejected_draft_tokens_count,
             "ignored_draft_tokens_count": self.ignored_draft_tokens_count,
+            "sibling_tokens_count": self.sibling_tokens_count,
+            "accepted_sibling_tokens_count": self.accepted_sibling_tokens_count,
             "acceptance_rate": self.acceptance_rate,
             "acceptance_by_position": self.acceptance_by_position,
             "draft_length_counts": {str(k): v for k, v in sorted(self.draft_length_counts.items())},
@@ -225,6 +234,17 @@ class Draft:
     # A draft model's probability of each token it drafted (its top one at temperature 0);
     # empty for lookups.
     confidences: list[float] = field(default_factory=list)
+    # The draft model's second choice at one position, verified beside the chain as a
+    # branch of its own where the engine allows it (None: a plain chain).
+    sibling: Sibling | None = None
+
+
+@dataclass(frozen=True)
+class Sibling:
+    """A draft's alternative token at one position: ``token`` in place of ``tokens[index]``."""
+
+    index: int
+    token: int
 
 
 @dataclass(frozen=True)
@@ -242,10 +262,31 @@ class DraftStopRule:
     kept_by_confidence: tuple[float, ...]
     keep_floor: float
     go_on_floor: float
+    # What one more verification row costs, in target steps: ``extra_row[n - 1]`` for a
+    # batch of n rows growing to n + 1. Its length bounds the rows a batch with a sibling
+    # may have; empty: no siblings (the engine or the settings do not allow them).
+    extra_row: tuple[float, ...] = ()
 
     def kept_chance(self, confidence: float) -> float:
         """How often a draft token of this confidence was kept."""
         return self.kept_by_confidence[confidence_bucket(confidence, len(self.kept_by_confidence))]
+
+    def sibling_floor(self, drafted: int) -> float | None:
+        """The chance a sibling must have of being taken to pay in a draft of ``drafted``.
+
+        A taken sibling gives one token (a target step saved) and is evaluated again, in
+        order, in the next round's batch; it costs one row now. None: no room for it.
+        """
+        if not 0 < drafted < len(self.extra_row):
+            return None
+        row = max(SIBLING_ROW_FLOOR, self.extra_row[drafted])
+        return row / max(1e-9, 1.0 - row) if row < 1.0 else None
+
+
+# The least a sibling's row is charged, in target steps: its cache bookkeeping, its logit
+# row's argmax and the round's extra work, about 1 % of a 1.5B step on a CPU, doubled for
+# the cost table's noise (a batch's calibrated cost can even fall with one more row).
+SIBLING_ROW_FLOOR = 0.02
 
 
 def confidence_bucket(confidence: float, buckets: int) -> int:

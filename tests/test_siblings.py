@@ -1,0 +1,170 @@
+"""Sibling branches: exact rows on real llama.cpp, where the draft offers one, lossless auto."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pytest
+
+from backends.errors import EngineError
+from backends.service.suite_prompts import SUITE_PROMPTS
+from backends.speculation.drafters import DraftModelDrafter
+from backends.speculation.loop import SpeculativeDecoder
+from backends.speculation.methods import build_decoder
+from backends.speculation.sampling import SamplingSettings
+from backends.speculation.types import (
+    SIBLING_ROW_FLOOR,
+    DraftStopRule,
+    GenerationSettings,
+    TokenOrigin,
+)
+from tests.conftest import user
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from backends.engines.llama import LlamaEngine
+    from backends.speculation.planner import DraftPlanner
+    from backends.speculation.types import Drafter
+
+PROSE = next(prompt.text for prompt in SUITE_PROMPTS if prompt.key == "prose")
+TEXT = "def mean(values):\n    total = sum(values)\n    return total / len(values)\n"
+
+
+def singles(engine: LlamaEngine, tokens: list[int]) -> list[np.ndarray]:
+    """Logits after each token of ``tokens[1:]``, one token per pass, from an empty cache."""
+    engine.truncate(0)
+    engine.evaluate(tokens[:1], 1)
+    return [engine.evaluate([token], 1)[0].copy() for token in tokens[1:]]
+
+
+def test_sibling_rows_are_plain_decoding(smollm_target: LlamaEngine) -> None:
+    engine = smollm_target
+    assert engine.exact_siblings  # probed at load on this CPU context
+    tokens = engine.tokenize(TEXT, add_special=False, parse_special=False)[:12]
+    plain = singles(engine, tokens)  # plain[i]: after tokens[: i + 2]
+    for start, depth in ((1, 0), (1, 2), (4, 3), (6, 1)):
+        engine.truncate(start)
+        chain = tokens[start : start + 5]
+        wrong = (chain[depth] + 3) % engine.vocab.n_vocab
+        branched = [*chain[:depth], wrong, *chain[depth + 1 :]]
+        rows = engine.evaluate_with_sibling(branched, len(branched), depth, chain[depth])
+        assert rows.shape == (len(branched) + 1, engine.vocab.n_vocab)
+        for i in range(depth):
+            assert np.array_equal(rows[i], plain[start + i - 1]), (start, depth, i)
+        assert np.array_equal(rows[-1], plain[start + depth - 1]), (start, depth)
+        # The cache holds the chain as evaluated, and nothing of the branch.
+        assert list(engine.cached_tokens) == [*tokens[:start], *branched]
+        engine.truncate(start + depth)
+        after = engine.evaluate(tokens[start + depth : start + 5], 5 - depth)
+        for i in range(5 - depth):
+            assert np.array_equal(after[i], plain[start + depth + i - 1]), (start, depth, i)
+    engine.truncate(0)
+
+
+def test_siblings_are_refused_clearly_where_they_cannot_run(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine
+) -> None:
+    assert not smollm_draft.exact_siblings  # a draft's context has one sequence
+    with pytest.raises(EngineError, match="sibling"):
+        smollm_draft.evaluate_with_sibling([1, 2], 2, 1, 3)
+    smollm_target.truncate(0)
+    smollm_target.evaluate([1], 1)
+    with pytest.raises(ValueError, match="sibling_at"):
+        smollm_target.evaluate_with_sibling([1, 2, 3], 2, 0, 4)  # before the logit rows
+    assert list(smollm_target.cached_tokens) == [1]
+    smollm_target.truncate(0)
+
+
+def test_a_sibling_pays_only_where_its_row_is_cheap() -> None:
+    rule = DraftStopRule((0.5,) * 10, keep_floor=0.1, go_on_floor=0.3, extra_row=(0.0, 0.1, 0.5))
+    assert rule.sibling_floor(0) is None  # nothing drafted
+    assert rule.sibling_floor(1) == pytest.approx(0.1 / 0.9)  # a batch of 2 rows grows to 3
+    assert rule.sibling_floor(2) == pytest.approx(1.0)  # half a step for a row: never pays
+    assert rule.sibling_floor(3) is None  # no room: the tree would pass the exact limit
+    free = replace(rule, extra_row=(0.0, 0.0))
+    assert free.sibling_floor(1) == pytest.approx(SIBLING_ROW_FLOOR / (1 - SIBLING_ROW_FLOOR))
+    assert replace(rule, extra_row=()).sibling_floor(1) is None
+
+
+def draft_model(engine: LlamaEngine) -> DraftModelDrafter:
+    engine.truncate(0)
+    return DraftModelDrafter(engine)
+
+
+def test_the_draft_offers_its_second_choice_where_it_is_unsure(smollm_draft: LlamaEngine) -> None:
+    context = smollm_draft.tokenize("The weather today is", add_special=False, parse_special=False)
+    greedy = SamplingSettings()
+    rng = np.random.default_rng(0)
+    unsure = DraftStopRule((0.5,) * 10, keep_floor=0.0, go_on_floor=0.0, extra_row=(0.0,) * 8)
+    drafted = draft_model(smollm_draft).draft(context, 4, greedy, rng, None, unsure)
+    assert drafted.sibling is not None
+    assert 0 <= drafted.sibling.index < len(drafted.tokens)
+    assert drafted.sibling.token != drafted.tokens[drafted.sibling.index]
+    # The sibling is the draft model's second choice there.
+    smollm_draft.truncate(0)
+    prefix = [*context, *drafted.tokens[: drafted.sibling.index]]
+    row = smollm_draft.evaluate(prefix, 1)[0].copy()
+    assert int(np.argsort(-row)[1]) == drafted.sibling.token
+    # No room for a row, or a row too dear, or a draft that is always kept: no sibling.
+    for rule in (
+        replace(unsure, extra_row=()),
+        replace(unsure, extra_row=(0.9,) * 8),
+        replace(unsure, kept_by_confidence=(1.0,) * 10),
+    ):
+        assert draft_model(smollm_draft).draft(context, 4, greedy, rng, None, rule).sibling is None
+    # Sampled drafts never carry one.
+    sampled = SamplingSettings(temperature=0.8, seed=1)
+    assert draft_model(smollm_draft).draft(context, 4, sampled, rng, None, unsure).sibling is None
+
+
+def priced_at_nothing(planner: DraftPlanner) -> Callable[..., DraftStopRule | None]:
+    """The planner's stop rule with every extra verification row free."""
+    stop_rule = planner.stop_rule
+
+    def rule(drafter: Drafter, tree_rows: int = 0) -> DraftStopRule | None:
+        learnt = stop_rule(drafter, tree_rows)
+        if learnt is None:
+            return None
+        return replace(learnt, extra_row=(0.0,) * len(learnt.extra_row))
+
+    return rule
+
+
+@pytest.mark.default_pair
+def test_auto_with_siblings_is_plain_decoding(
+    qwen_main: LlamaEngine, qwen_draft: LlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert qwen_main.exact_siblings
+    settings = GenerationSettings(max_tokens=96)
+    plain = SpeculativeDecoder(qwen_main)
+    prompt = plain.prompt_tokens(user(PROSE))
+    qwen_main.truncate(0)
+    expected = plain.run(prompt, settings).token_ids
+    auto = build_decoder("auto", qwen_main, qwen_draft)
+    auto.prepare()
+    planner = auto.planner
+    assert planner is not None
+    # Rows priced at nothing: the draft then offers a sibling wherever it may be taken,
+    # whatever this machine's batch costs, so that the test sees siblings taken.
+    monkeypatch.setattr(planner, "stop_rule", priced_at_nothing(planner))
+    qwen_main.truncate(0)
+    result = auto.run(prompt, settings)
+    assert result.token_ids == expected
+    stats = result.stats
+    assert stats.sibling_tokens_count > 0
+    assert stats.accepted_sibling_tokens_count > 0
+    assert stats.total_draft_tokens_count == (
+        stats.accepted_draft_tokens_count
+        + stats.rejected_draft_tokens_count
+        + stats.ignored_draft_tokens_count
+    )
+    drafted = sum(token.origin is TokenOrigin.DRAFT for token in result.tokens)
+    assert drafted == stats.accepted_draft_tokens_count
+    # Switched off, the same decoder verifies chains only, and the text is the same.
+    qwen_main.truncate(0)
+    without = auto.run(prompt, replace(settings, sibling_branches=False))
+    assert without.token_ids == expected
+    assert without.stats.sibling_tokens_count == 0
