@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
+from backends.engines.interface import probe_exact_batches_and_siblings
 from backends.errors import EngineError
 from backends.service.suite_prompts import SUITE_PROMPTS
 from backends.speculation.drafters import DraftModelDrafter
@@ -25,6 +26,7 @@ from tests.conftest import user
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from backends.engines.interface import LogitRows
     from backends.engines.llama import LlamaEngine
     from backends.speculation.planner import DraftPlanner
     from backends.speculation.types import Drafter
@@ -76,6 +78,19 @@ def test_siblings_are_refused_clearly_where_they_cannot_run(
         smollm_target.evaluate_with_sibling([1, 2, 3], 2, 0, 4)  # before the logit rows
     assert list(smollm_target.cached_tokens) == [1]
     smollm_target.truncate(0)
+
+
+def test_a_failing_sibling_probe_turns_siblings_off_not_the_load(
+    smollm_target: LlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert probe_exact_batches_and_siblings(smollm_target, 6, 6) == (6, True)
+
+    def refuse(*_args: object) -> LogitRows:
+        raise EngineError("SmolLM2: evaluation failed: llama_decode returned 1")
+
+    monkeypatch.setattr(smollm_target, "evaluate_with_sibling", refuse)
+    assert probe_exact_batches_and_siblings(smollm_target, 6, 6) == (6, False)
+    assert list(smollm_target.cached_tokens) == []
 
 
 def test_a_sibling_pays_only_where_its_row_is_cheap() -> None:
