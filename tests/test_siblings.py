@@ -8,8 +8,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
-from backends.engines.interface import probe_exact_batches_and_siblings
-from backends.errors import EngineError
+from backends.engines.interface import (
+    extend_cache_with_sibling,
+    probe_exact_batches_and_siblings,
+)
+from backends.errors import ContextOverflowError, EngineError
 from backends.service.suite_prompts import SUITE_PROMPTS
 from backends.speculation.drafters import DraftModelDrafter
 from backends.speculation.loop import SpeculativeDecoder
@@ -78,6 +81,61 @@ def test_siblings_are_refused_clearly_where_they_cannot_run(
         smollm_target.evaluate_with_sibling([1, 2, 3], 2, 0, 4)  # before the logit rows
     assert list(smollm_target.cached_tokens) == [1]
     smollm_target.truncate(0)
+
+
+class FailingDecode:
+    """llama_cpp with ``llama_decode`` failing (what a full cache or a native error gives)."""
+
+    def __init__(self, llama_cpp: object) -> None:
+        self._llama_cpp = llama_cpp
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._llama_cpp, name)
+
+    @staticmethod
+    def llama_decode(*_args: object) -> int:
+        return 1
+
+
+def test_a_failed_sibling_batch_leaves_the_cache_as_it_was(
+    smollm_target: LlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = smollm_target
+    tokens = engine.tokenize(TEXT, add_special=False, parse_special=False)[:8]
+    plain = singles(engine, tokens)
+    engine.truncate(2)
+    with monkeypatch.context() as patched:
+        patched.setattr(engine, "_llama", FailingDecode(engine._llama))
+        with pytest.raises(EngineError, match="evaluation failed"):
+            engine.evaluate_with_sibling(tokens[2:5], 3, 1, tokens[3])
+    assert list(engine.cached_tokens) == tokens[:2]
+    # The next branch, on the same cache, is plain decoding's again.
+    rows = engine.evaluate_with_sibling(tokens[2:5], 3, 1, tokens[3])
+    assert np.array_equal(rows[0], plain[1])
+    assert np.array_equal(rows[-1], plain[2])
+    engine.truncate(0)
+
+
+def test_a_sibling_needs_its_own_cell_and_a_tree_that_fits(smollm_target: LlamaEngine) -> None:
+    engine = smollm_target
+    engine.truncate(0)
+    engine.evaluate([1] * (engine.n_ctx - 2), 1)
+    with pytest.raises(ContextOverflowError):  # 2 tokens fit, the sibling's cell does not
+        engine.evaluate_with_sibling([2, 3], 2, 1, 4)
+    assert len(engine.cached_tokens) == engine.n_ctx - 2
+    engine.truncate(0)
+    engine.evaluate([1, 2], 1)
+    # Four tokens to evaluate and the sibling: over a limit of 4 nothing is evaluated.
+    context = [1, 2, 5, 6, 7, 8]
+    assert extend_cache_with_sibling(engine, context, 4, 3, 9, batch_limit=4) is None
+    assert list(engine.cached_tokens) == [1, 2]
+    done = extend_cache_with_sibling(engine, context, 4, 3, 9, batch_limit=5)
+    assert done is not None
+    rows, evaluated = done
+    assert rows.shape[0] == 5
+    assert evaluated == 4
+    assert list(engine.cached_tokens) == context
+    engine.truncate(0)
 
 
 def test_a_failing_sibling_probe_turns_siblings_off_not_the_load(

@@ -200,27 +200,42 @@ def extend_cache(
     """
     if not context:
         raise ValueError("extend_cache needs at least one token")
-    keep = min(common_prefix_length(engine.cached_tokens, context), len(context) - logit_rows)
+    keep = _reusable_prefix(engine, context, logit_rows)
     if keep < len(engine.cached_tokens):
         engine.truncate(keep)
     return engine.evaluate(context[keep:], logit_rows), len(context) - keep
 
 
 def extend_cache_with_sibling(
-    engine: ModelEngine, context: Sequence[int], logit_rows: int, sibling_at: int, sibling: int
-) -> tuple[LogitRows, int]:
+    engine: ModelEngine,
+    context: Sequence[int],
+    logit_rows: int,
+    sibling_at: int,
+    sibling: int,
+    *,
+    batch_limit: int,
+) -> tuple[LogitRows, int] | None:
     """:func:`extend_cache`, with ``sibling`` in place of ``context[sibling_at]`` as a branch.
 
-    Returns ``logit_rows + 1`` rows (the sibling's last) and how many tokens were evaluated.
-    ``sibling_at`` must fall within the last ``logit_rows`` tokens, after the first.
+    Returns ``logit_rows + 1`` rows (the sibling's last) and how many tokens of ``context``
+    were evaluated; None, with the cache untouched, where the batch would hold more than
+    ``batch_limit`` tokens, the sibling included. ``sibling_at`` must fall within the last
+    ``logit_rows`` tokens, after the first.
     """
     if not len(context) - logit_rows < sibling_at < len(context):
         raise ValueError(f"sibling_at={sibling_at} outside the last {logit_rows} rows")
-    keep = min(common_prefix_length(engine.cached_tokens, context), len(context) - logit_rows)
+    keep = _reusable_prefix(engine, context, logit_rows)
+    if len(context) - keep + 1 > batch_limit:
+        return None
     if keep < len(engine.cached_tokens):
         engine.truncate(keep)
     rows = engine.evaluate_with_sibling(context[keep:], logit_rows, sibling_at - keep, sibling)
     return rows, len(context) - keep
+
+
+def _reusable_prefix(engine: ModelEngine, context: Sequence[int], logit_rows: int) -> int:
+    """How much of the cache serves ``context`` when its last ``logit_rows`` need logits."""
+    return min(common_prefix_length(engine.cached_tokens, context), len(context) - logit_rows)
 
 
 def sync_cache(engine: ModelEngine, context: Sequence[int], logit_rows: int = 1) -> LogitRows:

@@ -604,8 +604,7 @@ class LlamaEngine(EngineBase):
             if status != 0:
                 # Keep our token list true to what the cache may now hold.
                 self.truncate(position + start)
-                detail = self._native_errors() or f"llama_decode returned {status}"
-                raise EngineError(f"{self.name}: evaluation failed: {detail}")
+                raise self._evaluation_error(status)
             self._tokens.extend(chunk)
         pointer = llama.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(pointer, shape=(logit_rows, self._n_vocab))
@@ -648,12 +647,16 @@ class LlamaEngine(EngineBase):
                 batch.n_seq_id[index] = 1
                 batch.seq_id[index][0] = 0
         if status != 0:
-            self._roll_back(position)
-            detail = self._native_errors() or f"llama_decode returned {status}"
-            raise EngineError(f"{self.name}: evaluation failed: {detail}")
+            self._roll_back(position)  # the chain's cells, if any were written
+            raise self._evaluation_error(status)
         self._tokens.extend(tokens)
         pointer = llama.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(pointer, shape=(logit_rows + 1, self._n_vocab))
+
+    def _evaluation_error(self, status: int) -> EngineError:
+        """The error for a failed ``llama_decode``: llama.cpp's own words where it logged any."""
+        detail = self._native_errors() or f"llama_decode returned {status}"
+        return EngineError(f"{self.name}: evaluation failed: {detail}")
 
     def _native_errors(self) -> str:
         return _native_log.take_errors() if _native_log is not None else ""

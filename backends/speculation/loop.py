@@ -47,7 +47,6 @@ from backends.engines.interface import (
     ChatMessage,
     LogitRows,
     ModelEngine,
-    common_prefix_length,
     extend_cache,
     extend_cache_with_sibling,
 )
@@ -360,8 +359,8 @@ class _Generation:
             return
         started = time.perf_counter()
         chunk_rows = plan.verify_chunk if plan else None
-        sibling = self._sibling_that_fits(draft, chunk_rows)
-        accepted, own_token, bonus = self._verify(draft, chunk_rows, sibling)
+        tree = self._tree_rows(draft, chunk_rows)
+        accepted, own_token, bonus = self._verify(draft, chunk_rows, tree)
         self.stats.verify_seconds += time.perf_counter() - started
         self.stats.rounds += 1
         self.stats.draft_length_counts[len(draft.tokens)] = (
@@ -378,7 +377,7 @@ class _Generation:
                 break
             self.stats.accepted_draft_tokens_count += 1
             self._emit(token, TokenOrigin.DRAFT)
-        if sibling is not None:
+        if tree is not None:
             self._account_sibling(taken=bonus is not None)
         if not self.finished:
             self._emit(own_token, TokenOrigin.TARGET if bonus is None else TokenOrigin.DRAFT)
@@ -393,15 +392,6 @@ class _Generation:
                 )
             self.planner.score_shadows(self.context)
 
-    def _sibling_that_fits(self, draft: Draft, chunk_rows: int | None) -> Sibling | None:
-        """The draft's sibling if the whole tree fits one batch this round (else None)."""
-        if draft.sibling is None or self.tree_rows == 0:
-            return None
-        cached = common_prefix_length(self.target.cached_tokens, self.context)
-        unread = len(self.context) - min(cached, len(self.context) - 1)
-        limit = self.tree_rows if chunk_rows is None else min(self.tree_rows, chunk_rows)
-        return draft.sibling if unread + len(draft.tokens) + 1 <= limit else None
-
     def _account_sibling(self, *, taken: bool) -> None:
         """Count a verified sibling as one drafted token (taken only if it was emitted)."""
         self.stats.sibling_tokens_count += 1
@@ -414,21 +404,39 @@ class _Generation:
             self.stats.accepted_sibling_tokens_count += 1
             self.stats.accepted_draft_tokens_count += 1
 
-    def _tree_rows(self, proposed: list[int], sibling: Sibling) -> tuple[LogitRows, LogitRows]:
-        """The target's rows 0..k for ``context + proposed`` and the sibling's, one batch."""
+    def _tree_rows(
+        self, draft: Draft, chunk_rows: int | None
+    ) -> tuple[LogitRows, LogitRows] | None:
+        """The target's rows 0..k for the draft and its sibling's row, in one batch.
+
+        None, with nothing evaluated, where the draft has no sibling or the tree does not
+        fit one batch (the probed exact limit, or the chunks the plan asked for).
+        """
+        sibling = draft.sibling
+        if sibling is None or self.tree_rows == 0:
+            return None
+        limit = self.tree_rows if chunk_rows is None else min(self.tree_rows, chunk_rows)
         started = time.perf_counter()
-        rows, evaluated = extend_cache_with_sibling(
+        evaluated = extend_cache_with_sibling(
             self.target,
-            self.context + proposed,
-            len(proposed) + 1,
+            self.context + draft.tokens,
+            len(draft.tokens) + 1,
             len(self.context) + sibling.index,
             sibling.token,
+            batch_limit=limit,
         )
-        if self.planner is not None:
-            self.planner.observe_target(evaluated + 1, time.perf_counter() - started)
-        batches = self.stats.verify_batch_counts
-        batches[len(rows)] = batches.get(len(rows), 0) + 1
+        if evaluated is None:
+            return None
+        rows, count = evaluated
+        self._count_verify_pass(count + 1, len(rows), started)
         return rows[:-1], rows[-1]
+
+    def _count_verify_pass(self, evaluated: int, rows: int, started: float) -> None:
+        """Tell the planner what a verification pass cost; count it by its logit rows."""
+        if self.planner is not None:
+            self.planner.observe_target(evaluated, time.perf_counter() - started)
+        batches = self.stats.verify_batch_counts
+        batches[rows] = batches.get(rows, 0) + 1
 
     def _target_rows(self, proposed: list[int], chunk_rows: int | None) -> Iterator[LogitRows]:
         """The target's logit rows 0..k for ``context + proposed``, evaluated lazily in chunks.
@@ -453,21 +461,22 @@ class _Generation:
             rows, evaluated = extend_cache(
                 self.target, sequence[: len(self.context) + last], logit_rows=last - first + 1
             )
-            if self.planner is not None:
-                self.planner.observe_target(evaluated, time.perf_counter() - started)
-            batches = self.stats.verify_batch_counts
-            batches[len(rows)] = batches.get(len(rows), 0) + 1
+            self._count_verify_pass(evaluated, len(rows), started)
             yield from rows
             first = last + 1
 
     def _verify(
-        self, draft: Draft, chunk_rows: int | None, sibling: Sibling | None = None
+        self,
+        draft: Draft,
+        chunk_rows: int | None,
+        tree: tuple[LogitRows, LogitRows] | None = None,
     ) -> tuple[int, int, int | None]:
         """Evaluate the draft with the target: (accepted count, the target's token, bonus).
 
         ``chunk_rows``: rows per verification batch the plan asked for (None: as many as
-        exactness allows). With a ``sibling`` (greedy only) the tree is one batch; where the
-        target's token is the sibling, the bonus is the target's token after it (else None).
+        exactness allows). ``tree``: the chain's rows and the sibling's, already evaluated
+        (:meth:`_tree_rows`, greedy only); where the target's token is the sibling, the
+        bonus is the target's token after it (else None).
         """
         proposed = draft.tokens
         positions = self.stats.verified_at_position
@@ -478,8 +487,8 @@ class _Generation:
         greedy = self.sampling.greedy
         sibling_row: LogitRows | None = None
         rows: Iterator[LogitRows] | LogitRows
-        if sibling is not None:
-            rows, sibling_row = self._tree_rows(proposed, sibling)
+        if tree is not None:
+            rows, sibling_row = tree
         else:
             rows = self._target_rows(proposed, chunk_rows)
         for index, row in enumerate(rows):
@@ -499,7 +508,7 @@ class _Generation:
                 best = int(np.argmax(row))
                 if best != token:
                     self._observe_confidence(row)
-                    if sibling_row is not None and sibling == Sibling(index, best):
+                    if sibling_row is not None and draft.sibling == Sibling(index, best):
                         return index, best, int(np.argmax(sibling_row))
                     return index, best, None
             else:
