@@ -115,7 +115,7 @@ def measure_speed(
     variants = {
         "plain": settings,
         "auto, no siblings": replace(settings, sibling_branches=False),
-        "auto": settings,
+        "auto": replace(settings, sibling_branches=True),
     }
     wall: dict[str, list[float]] = {name: [] for name in variants}
     modeled: dict[str, list[float]] = {name: [] for name in variants}

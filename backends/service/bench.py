@@ -146,9 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
         "faster where big batches are cheap, but a near-tie may resolve differently",
     )
     parser.add_argument(
-        "--no-sibling-branches",
+        "--sibling-branches",
         action="store_true",
-        help="never verify the draft model's second choice as a sibling branch (temperature 0)",
+        help="verify the draft model's second choice as a sibling branch where the costs say "
+        "it pays (temperature 0; off by default, it gained nothing where measured)",
     )
     parser.add_argument(
         "--suite",
@@ -257,7 +258,7 @@ def _generation_settings(args: argparse.Namespace) -> GenerationSettings:
         verification=args.verification,
         lookup_draft_max=args.lookup_draft_max,
         exact_batches=not args.fast_batches,
-        sibling_branches=not args.no_sibling_branches,
+        sibling_branches=args.sibling_branches,
     )
 
 

@@ -15,12 +15,13 @@ llama.cpp's server and mlx-lm do): also lossless, but it accepts less often from
 sampling draft model; every emitted token is then one draw of the target's own random
 stream, so with a seed the text is plain sampling's with that seed, whatever was drafted.
 
-At temperature 0 a draft model's draft may carry its second choice at one position as a
-sibling branch, evaluated in the same batch in a second sequence that shares the cache
-(where the engine's sibling rows are probed bitwise plain decoding's, and the planner's
-cost table says the extra row pays). Where the target refuses the chain there and its own
-token is the sibling, the sibling's row gives one more token in the same round; the
-sibling's cells are dropped and it is evaluated again, in order, in the next round's batch.
+At temperature 0, with ``sibling_branches`` on (off by default), a draft model's draft may
+carry its second choice at one position as a sibling branch, evaluated in the same batch
+in a second sequence that shares the cache (where the engine's sibling rows are probed
+bitwise plain decoding's, and the planner's cost table says the extra row pays). Where
+the target refuses the chain there and its own token is the sibling, the sibling's row
+gives one more token in the same round; the sibling's cells are dropped and it is
+evaluated again, in order, in the next round's batch.
 
 Draft-token accounting follows LM Studio's names:
 

@@ -66,8 +66,10 @@ class GenerationSettings:
     # faster where big batches are cheap, but a near-tie may then resolve differently.
     exact_batches: bool = True
     # At temperature 0, let a draft model's second choice ride along as a sibling branch
-    # where the planner's costs say it pays and the engine's sibling rows are exact.
-    sibling_branches: bool = True
+    # where the planner's costs say it pays and the engine's sibling rows are exact. Off by
+    # default: on a 2-core AMX Xeon it was exact and nearly free but gained nothing
+    # (benchmarks/sibling_tree.py, README "The draft's second choice as a sibling").
+    sibling_branches: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
