@@ -81,13 +81,18 @@ TILED_MATMUL_MIN_ROWS = 64
 _TILED_MIN_ROWS_VARIABLE = "GGML_CPU_TILED_MM_MIN_ROWS"
 _PROBE_MAX_BATCH = 17  # batch sizes probed for exactness: 2 .. this (a 16-token lookup + 1)
 
-# enum ggml_log_level
-_GGML_LOG_DEBUG = 1
-_GGML_TYPE_Q8_0 = 8
-_GGML_TYPE_F16 = 1
-_FLASH_ATTENTION_ENABLED = 1  # llama_flash_attn_type
+# Copied from the built llama.cpp's ggml.h and llama.h, as the log lines' shapes below are
+# from its log: tests/test_llama_build.py checks each against the installed build
+# (packaging/llama.cpp/README.md, "Upgrading").
+_GGML_LOG_DEBUG = 1  # enum ggml_log_level
 _GGML_LOG_WARN = 3
 _GGML_LOG_CONT = 5
+_GGML_TYPE_F16 = 1  # enum ggml_type
+_GGML_TYPE_Q4_0 = 2
+_GGML_TYPE_Q8_0 = 8
+_FLASH_ATTENTION_ENABLED = 1  # enum llama_flash_attn_type
+_LLAMA_SPLIT_MODE_LAYER = 1  # enum llama_split_mode
+_LLAMA_FTYPE_MOSTLY_Q4_0 = 2  # enum llama_ftype
 
 LoadProgress = Callable[[float], None]
 # llama.cpp logs where each model's weights went: "load_tensors: CPU_REPACK model buffer size
@@ -96,9 +101,6 @@ _MODEL_BUFFER_LINE = re.compile(r"(\S+) model buffer size\s*=")
 # ... and, at debug level, each layer's device: "load_tensors: layer  12 assigned to device
 # RPC0, is_swa = 0".
 _LAYER_DEVICE_LINE = re.compile(r"layer\s+(\d+) assigned to device (\S+?),")
-_LLAMA_SPLIT_MODE_LAYER = 1
-_LLAMA_FTYPE_MOSTLY_Q4_0 = 2
-_GGML_TYPE_Q4_0 = 2
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ class LlamaLoadSettings:
     # types every batch size and context length takes one path, so verification stays
     # bitwise plain decoding at any length. (F32 is no option: llama.cpp's flash
     # attention turns an F32 cache back into F16.) Slower plain decoding on tiny models at
-    # long contexts (README), little on the 1.5B.
+    # long contexts (docs/benchmarks.md "Exactness"), little on the 1.5B.
     single_path_attention: bool = True
     # llama.cpp RPC workers ("host:port") holding part of the main model (never the
     # draft's), and how to split the layers: one share per worker and the last for this

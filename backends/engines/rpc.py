@@ -43,6 +43,7 @@ DEFAULT_WORKER_PORT = 50052
 DEFAULT_WORKER_HOST = "127.0.0.1"
 PROBE_TIMEOUT_SECONDS = 3.0
 # The RPC protocol of the pinned llama.cpp (ggml-rpc.h): a worker must speak 7.0.x.
+# tests/test_llama_build.py checks it against the built ggml-rpc.h and a worker.
 PROTOCOL_MAJOR = 7
 PROTOCOL_MINOR = 0
 # Reply timeout of a forward pass on workers: this many times the slowest seconds per
@@ -57,6 +58,8 @@ KEEPALIVE_COUNT = 3
 # Sent data unacknowledged this long: the connection is dead (TCP_USER_TIMEOUT, ms).
 UNACKED_TIMEOUT_MS = 15_000
 
+# enum rpc_cmd and the hello's sizes of ggml-rpc.cpp (a worker of the built library answers
+# them in tests/test_llama_build.py)
 _CMD_GET_DEVICE_MEMORY = 11
 _CMD_HELLO = 14
 _CMD_DEVICE_COUNT = 15

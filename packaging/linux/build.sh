@@ -10,10 +10,10 @@ python=build/bundle-venv/bin/python
 # A bundle runs on other people's CPUs: llama.cpp is built with every x86 CPU variant,
 # chosen at run time (GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS), not for this machine's CPU
 # (the default GGML_NATIVE build that scripts/setup installs would die with SIGILL on a
-# CPU without AVX-512), with SpecDeck's llama.cpp patch as in scripts/setup. The wheel is
+# CPU without AVX-512), with SpecDeck's llama.cpp patches as in scripts/setup. The wheel is
 # built once (~20 min on 2 cores) and kept in the cache.
 wheels=${SPECDECK_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specdeck/portable-wheels}
-echo "bundle: a portable llama-cpp-python with SpecDeck's patch (all CPU variants; built once)"
+echo "bundle: a portable llama-cpp-python with SpecDeck's patches (all CPU variants; built once)"
 wheel=$(CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF" \
     CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)} \
     packaging/llama.cpp/build-wheel .venv/bin/python "$wheels")
