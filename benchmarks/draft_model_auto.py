@@ -7,10 +7,10 @@ empty caches, at temperature 0:
 
 - ``p-min, all``: the draft model stops below its p-min (0.75, llama.cpp's rule), waits
   for 4 rounds of the target's confidence and reads the whole prompt (SpecDeck until
-  session 13, when the draft also needed a sure target: 0.8 on average, dropped in
-  session 16);
+  commit 58baec5, 2026-12-02, when the draft also needed a sure target: 0.8 on average,
+  dropped in commit 0353cd8, 2026-12-03);
 - ``learnt, all``: the planner's learnt stop (``DraftPlanner.stop_rule``), a wait of 8
-  rounds, the whole prompt read (session 13);
+  rounds, the whole prompt read (SpecDeck from commit 58baec5, 2026-12-02);
 - ``learnt, window``: the same, the draft reading only the prompt's head and its last
   tokens (``DraftModelDrafter.reading``; the default).
 
@@ -38,7 +38,9 @@ from typing import TYPE_CHECKING, Any
 from backends.engines.interface import ChatMessage
 from backends.engines.weight_placement import cpu_model_name
 from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, model_path
-from backends.service.bench import PairOptions, loaded_pair, timed_run
+from backends.service.loaded_pair import open_pair
+from backends.service.pair_runs import timed_run
+from backends.service.protocol import LoadRequest
 from backends.speculation.drafters import DRAFT_READ_WINDOW, DraftModelDrafter
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.methods import build_decoder
@@ -241,11 +243,15 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "prompts": {},
     }
-    options = PairOptions(n_ctx=CONTEXT)
-    with loaded_pair(model_path(DEFAULT_MAIN_KEY), model_path(DEFAULT_DRAFT_KEY), options) as (
-        main_engine,
-        draft_engine,
-    ):
+    # "off": no calibration at load; the variants calibrate their own planners.
+    request = LoadRequest(
+        str(model_path(DEFAULT_MAIN_KEY)),
+        str(model_path(DEFAULT_DRAFT_KEY)),
+        method="off",
+        n_ctx=CONTEXT,
+    )
+    with open_pair(request) as pair:
+        main_engine, draft_engine = pair.main, pair.draft
         assert draft_engine is not None
         clock = ModeledClock()
         main_costs = measured_costs(main_engine, MAIN_SIZES)

@@ -44,8 +44,12 @@ FATAL_ERROR_PREFIX = "Fatal Python error:"  # faulthandler's first line after a 
 
 
 @dataclass(frozen=True)
-class LoadedPair:
-    """What the engine process loaded, as it reported it."""
+class PairReport:
+    """What the engine process reported about the pair it loaded (its ``loaded`` event).
+
+    The pair itself lives in that process (backends.service.loaded_pair.LoadedPair); the
+    window only has this report of it.
+    """
 
     main: LoadReport
     draft: LoadReport | None
@@ -104,7 +108,7 @@ class EngineClient(QObject):
     Signals:
         ready(list): the process started; the engines it has ("llama.cpp", "mlx").
         load_progress(float, str): loading, as a fraction in [0, 1] and what is happening.
-        loaded(LoadedPair): the models are in memory.
+        loaded(PairReport): the models are in memory.
         unloaded(): the models were freed.
         run_started(int, str, int): request id, run ("speculative" or "plain"), prompt tokens.
         tokens_arrived(int, str, list, SpeculationStats): one round's tokens and the stats.
@@ -325,7 +329,7 @@ class EngineClient(QObject):
             self.load_in_flight = None
             draft = event["draft"]
             self.loaded.emit(
-                LoadedPair(
+                PairReport(
                     main=_report(event["main"]),
                     draft=_report(draft) if draft is not None else None,
                     exact_batch_limit=event["exact_batch_limit"],

@@ -1,16 +1,16 @@
 """The main window: conversations, the chat, the comparison, the meter and the model sidebar.
 
 The window owns no model: an :class:`EngineClient` runs them in a child process, and every
-answer streams in as signals on the GUI thread. The chat history is written to SQLite
-before and while an answer is generated, so a crash of the engine (or of the app) loses
-nothing already on screen. A crash while loading is recorded (backends.engines.load_guard) and the
-load is tried once more with the safest settings; the record keeps the next start, and
-"Reload models", from walking into the same crash.
+answer streams in as signals on the GUI thread. The window lays out its parts and wires
+them; two controllers do the work: :class:`LoadController` loads pairs and owns what a
+dead engine process or a lost worker leaves behind (the crash banner shows its state), and
+:class:`AnswerController` streams the answer under way into the chat, the comparison, the
+meter and the history (written before and while it is generated, so a crash of the engine,
+or of the app, loses nothing already on screen).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -19,7 +19,6 @@ from PySide6.QtGui import QAction, QCloseEvent, QKeyEvent, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
-    QLabel,
     QMainWindow,
     QMessageBox,
     QPlainTextEdit,
@@ -29,49 +28,35 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.engines.interface import LOCAL_CPU_PLACE, ChatMessage
-from backends.engines.load_guard import (
-    SAFEST,
-    SAFEST_DESCRIPTION,
-    CrashRecords,
-    LoadRefusedError,
-    avoided_crash_note,
-    crash_message,
-)
 from backends.engines.rpc import parse_workers
 from backends.errors import SettingsError, SpecDeckError
-from backends.models.catalog import CatalogScan, default_model_folders, scan_models
+from backends.models.catalog import CatalogScan
 from backends.paths import user_data_dir
-from backends.service.protocol import GenerateRequest, LoadRequest
+from backends.service.protocol import LoadRequest
 from gui.about import show_about
-from gui.background import BackgroundTask
+from gui.answer_controller import AnswerController
 from gui.chat_pane import ChatPane
 from gui.chat_store import ChatStore, HistoryError
 from gui.compare_view import CompareView
 from gui.conversation_list import ConversationList
-from gui.engine_client import EngineClient, EngineDeath, LoadedPair
+from gui.crash_banner import CrashBanner
+from gui.engine_client import EngineClient
 from gui.fastest_setup import FastestSetupFinder
 from gui.first_run import FirstRunDialog
+from gui.load_controller import LoadController, LoadState
 from gui.meter import AcceptanceMeter
-from gui.settings import AppSettings, extra_model_folders, generation_settings
+from gui.settings import AppSettings, extra_model_folders
 from gui.sidebar import Sidebar
-from gui.status_bar import ResourceStatusBar, format_bytes
-from gui.style import ERROR_TEXT
-from gui.transcript import spans_from_tokens
-from gui.worker_loss import WorkerProbe, mentions_rpc_failure
+from gui.status_bar import ResourceStatusBar
 
 if TYPE_CHECKING:
-    from backends.service.protocol import RunKind
-    from backends.speculation.types import EmittedToken, SpeculationStats
-    from gui.transcript import MessageState
+    from backends.engines.load_guard import CrashRecords
+    from gui.answer_controller import Answer
+    from gui.engine_client import PairReport
 
-log = logging.getLogger("gui")
-
-SAVE_ANSWER_INTERVAL_MS = 500  # how often a streaming answer is written to the history
 WINDOW_STATE_FILE = "window.ini"
 EMPTY_CHAT_HINT = "Load a model pair in the sidebar, then ask something."
 READY_CHAT_HINT = "Ask something below; the draft's accepted tokens show in green."
-RELOAD_TEXT = "Reload models"
 
 
 class MessageInput(QPlainTextEdit):
@@ -90,25 +75,6 @@ class MessageInput(QPlainTextEdit):
             self.submitted.emit()
             return
         super().keyPressEvent(event)
-
-
-class _Answer:
-    """The answer being generated: where it is stored and what has arrived."""
-
-    def __init__(self, request_id: int, message_id: int, conversation_id: int, compare: bool):
-        self.request_id = request_id
-        self.message_id = message_id
-        self.conversation_id = conversation_id
-        self.compare = compare
-        self.tokens: list[EmittedToken] = []
-        self.stats: SpeculationStats | None = None
-        self.plain_stats: SpeculationStats | None = None
-        self.speculative_done = False
-        self.dirty = False
-
-    @property
-    def text(self) -> str:
-        return "".join(token.text for token in self.tokens)
 
 
 class MainWindow(QMainWindow):
@@ -138,25 +104,19 @@ class MainWindow(QMainWindow):
         self.store = store or _open_history(self)
         self.client = EngineClient(self)
         self.offer_first_run = offer_first_run
-        self.catalog: CatalogScan | None = None
-        self.loaded: LoadedPair | None = None
-        self.last_load: LoadRequest | None = None  # as the user asked for it
-        self.crash_records = CrashRecords()
-        self._load_notes: tuple[str, ...] = ()  # why the load differs from what was asked
-        self._retried_crash = ""  # the crash the load under way retries after
-        # A llama.cpp RPC worker of the last load that went away: Reload offers the pair
-        # without it, in a fresh engine process.
-        self._lost_worker: str | None = None
-        self._worker_probe: WorkerProbe | None = None
-        # The engine process lost a worker: it keeps llama.cpp's leftovers of that link, so
-        # the next load starts a fresh one.
-        self._restart_engine_before_load = False
-        self.answer: _Answer | None = None
         self.conversation_id: int | None = None
-        self._scan_task: BackgroundTask | None = None
-        self._load_after_scan = False
 
         self._build()
+        self.loads = LoadController(self.client, self.settings, self.sidebar, self.status, self)
+        self.answers = AnswerController(
+            self.client,
+            self.store,
+            self.settings,
+            (self.chat, self.compare_view, self.meter),
+            shown_conversation=lambda: self.conversation_id,
+            loaded_method=lambda: self.loaded.method if self.loaded is not None else None,
+            parent=self,
+        )
         self._connect()
         self._restore_window_state()
         self.conversations.refresh()
@@ -167,6 +127,26 @@ class MainWindow(QMainWindow):
             self.new_chat()
         self._update_controls()
         self.rescan_models()
+
+    @property
+    def loaded(self) -> PairReport | None:
+        """The pair the engine process holds, as it reported it (None: none)."""
+        return self.loads.pair
+
+    @property
+    def last_load(self) -> LoadRequest | None:
+        """The last load, as the user asked for it."""
+        return self.loads.last_load
+
+    @property
+    def crash_records(self) -> CrashRecords:
+        """The load crashes seen on this machine."""
+        return self.loads.crash_records
+
+    @property
+    def answer(self) -> Answer | None:
+        """The answer under way (None: none)."""
+        return self.answers.answer
 
     # -- construction ------------------------------------------------------------------------
 
@@ -191,22 +171,6 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.main_split)
         self.resize(1360, 860)
         self._build_menus()
-        self._save_timer = QTimer(self)
-        self._save_timer.setInterval(SAVE_ANSWER_INTERVAL_MS)
-        self._save_timer.timeout.connect(self._save_streaming_answer)
-
-    def _build_crash_banner(self) -> QWidget:
-        self.crash_banner = QWidget()
-        banner_layout = QHBoxLayout(self.crash_banner)
-        banner_layout.setContentsMargins(8, 4, 8, 4)
-        self.crash_label = QLabel()
-        self.crash_label.setWordWrap(True)
-        self.crash_label.setStyleSheet(f"color: {ERROR_TEXT.name()}")
-        self.reload_button = QPushButton(RELOAD_TEXT)
-        banner_layout.addWidget(self.crash_label, 1)
-        banner_layout.addWidget(self.reload_button)
-        self.crash_banner.hide()
-        return self.crash_banner
 
     def _build_conversation_area(self) -> QWidget:
         """The crash banner, the chat over the comparison, the toggles and the message box."""
@@ -255,7 +219,10 @@ class MainWindow(QMainWindow):
         center = QWidget()
         center_layout = QVBoxLayout(center)
         center_layout.setContentsMargins(4, 4, 4, 4)
-        center_layout.addWidget(self._build_crash_banner())
+        self.crash_banner = CrashBanner()
+        self.crash_label = self.crash_banner.label
+        self.reload_button = self.crash_banner.reload_button
+        center_layout.addWidget(self.crash_banner)
         center_layout.addWidget(self.center_split, 1)
         center_layout.addLayout(toggles)
         center_layout.addLayout(entry)
@@ -290,16 +257,15 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         client = self.client
-        client.load_progress.connect(self.sidebar.set_load_progress)
-        client.loaded.connect(self._on_loaded)
-        client.unloaded.connect(self._on_unloaded)
-        client.run_started.connect(self._on_run_started)
-        client.tokens_arrived.connect(self._on_tokens)
-        client.run_finished.connect(self._on_run_finished)
-        client.compared.connect(self._on_compared)
         client.failed.connect(self._on_engine_error)
-        client.crashed.connect(self._on_engine_crashed)
-        client.workers.connect(self._on_workers)
+        self.loads.scanned.connect(self._on_scanned)
+        self.loads.state_changed.connect(self._show_load_state)
+        self.loads.loaded.connect(lambda _pair: self.models_loaded.emit())
+        self.loads.gave_up.connect(self.load_gave_up)
+        self.loads.engine_lost.connect(self.answers.fail)
+        self.answers.started.connect(self._update_controls)
+        self.answers.finished.connect(self._on_answer_finished)
+        self.answers.dropped.connect(self._update_controls)
         server = self.sidebar.server_panel
         server.port.setValue(self.settings.get_int("server_port"))
         server.api_key.setText(self.settings.get_str("server_api_key"))
@@ -308,9 +274,8 @@ class MainWindow(QMainWindow):
         server.stop_requested.connect(self.client.stop_serving)
         client.serving.connect(server.set_serving)
         client.crashed.connect(lambda *_: server.set_serving(False, "", ""))
-        client.api_started.connect(self._on_api_started)
-        client.api_tokens.connect(self._on_api_tokens)
-        client.api_finished.connect(self._on_api_finished)
+        client.api_started.connect(lambda _id, _prompt, queued: server.set_waiting(queued))
+        client.api_finished.connect(lambda _id, _tokens, stats: server.add_request(stats))
         client.api_failed.connect(lambda _id, message: server.add_failure(message))
         client.api_queue.connect(server.set_waiting)
 
@@ -319,7 +284,7 @@ class MainWindow(QMainWindow):
             self.sidebar,
             self.store,
             self,
-            is_answering=lambda: self.answer is not None,
+            is_answering=lambda: self.answers.busy,
             loaded_request=lambda: self.last_load if self.loaded is not None else None,
             loaded_main=lambda: self.loaded.main if self.loaded is not None else None,
         )
@@ -343,44 +308,21 @@ class MainWindow(QMainWindow):
         self.copy_button.clicked.connect(lambda: self.chat.copy_answer(-1))
         self.compare_toggle.toggled.connect(lambda on: self.settings.set("compare", on))
         self.visualize_toggle.toggled.connect(lambda on: self.settings.set("visualize_drafts", on))
-        self.reload_button.clicked.connect(self.reload_models)
+        self.reload_button.clicked.connect(self.loads.reload)
 
     # -- models ------------------------------------------------------------------------------
 
     def rescan_models(self) -> None:
         """Read the model folders on a worker thread and fill the pickers."""
-        folders = default_model_folders()
-        for path in extra_model_folders(self.settings):
-            if path.is_dir() and path not in folders:
-                folders.append(path)
-        task = self._scan_task = BackgroundTask(lambda _report: scan_models(folders), self)
-        task.succeeded.connect(self._on_scanned)
-        task.failed.connect(self.sidebar.show_error)
-        task.start()
+        self.loads.rescan()
 
     def load_when_scanned(self) -> None:
         """Load the sidebar's selected pair as soon as the model folders have been read."""
-        if self.catalog is not None:
-            self._load_selected_pair()
-        else:
-            self._load_after_scan = True
-
-    def _load_selected_pair(self) -> None:
-        try:
-            request = self.sidebar.load_request()
-        except SpecDeckError as error:
-            self.sidebar.show_error(str(error))
-            return
-        self.load_models(request)
+        self.loads.load_when_scanned()
 
     def _on_scanned(self, scan: object) -> None:
         assert isinstance(scan, CatalogScan)
-        self.catalog = scan
-        self.sidebar.set_catalog(scan)
         self._update_estimate()
-        if self._load_after_scan and scan.models:
-            self._load_after_scan = False
-            self._load_selected_pair()
         if not scan.models and self.offer_first_run:
             self.offer_first_run = False
             QTimer.singleShot(0, self._show_first_run)
@@ -393,146 +335,29 @@ class MainWindow(QMainWindow):
         else:
             self.rescan_models()
 
-    def load_models(self, request: object, *, keep_banner: bool = False) -> None:
-        """Load the pair the sidebar asked for in the engine process.
-
-        Settings that crashed the engine for one of these models on this CPU are replaced
-        by the safest ones (and the load report says why); a pair that crashed even so is
-        refused with a one-line message.
-        """
+    def load_models(self, request: object) -> None:
+        """Load the pair the sidebar asked for in the engine process (see LoadController)."""
         assert isinstance(request, LoadRequest)
-        self.last_load = request
-        if not keep_banner:
-            self.crash_banner.hide()
-            self._lost_worker = None
-            self.reload_button.setText(RELOAD_TEXT)
-        self._worker_probe = None  # a probe still running speaks of the last load
-        self.status.set_workers(())
-        if self._restart_engine_before_load:
-            self._restart_engine_before_load = False
-            self.client.stop()
-        self.loaded = None
-        self.sidebar.clear_error()
-        try:
-            settings, crash = self.crash_records.choose(request.models, request.risky)
-        except LoadRefusedError as error:
-            self.crash_banner.hide()
-            self.sidebar.set_loading(False)
-            self.sidebar.set_unloaded()
-            self.sidebar.show_error(str(error))
-            self._update_controls()
-            self.load_gave_up.emit(str(error))
-            return
-        self._load_notes = (avoided_crash_note(crash),) if crash is not None else ()
-        self.sidebar.set_loading(True, request)
-        self.client.load(request.with_risky(settings))
-        self.status.set_engine_pid(self.client.pid)
-        self._update_controls()
+        self.loads.load(request)
+
+    def reload_models(self) -> None:
+        """After a crash or a lost worker: load the last pair again (see LoadController)."""
+        self.loads.reload()
 
     def forget_load_crashes(self) -> None:
         """Drop the crash records, so that settings that crashed may be tried again."""
-        count = self.crash_records.forget()
+        count = self.loads.crash_records.forget()
         self.statusBar().showMessage(f"Forgot {count} load crash{'es' if count != 1 else ''}", 4000)
 
     def unload_models(self) -> None:
         """Free the models (the engine process stays, empty)."""
-        if self.answer is not None:
+        if self.answers.busy:
             self.stop_generation()
         self.client.unload()
 
-    def reload_models(self) -> None:
-        """After a crash: start a fresh engine process and load the last pair again.
-
-        After a lost worker: the pair without that worker (the Workers setting follows), in
-        a fresh engine process (the old one holds what llama.cpp kept of the lost link).
-        """
-        self.crash_banner.hide()
-        if self.last_load is None:
-            return
-        request = self.last_load
-        if self._lost_worker is not None:
-            request = request.without_worker(self._lost_worker)
-            self._lost_worker = None
-            self.reload_button.setText(RELOAD_TEXT)
-            self.settings.set("workers", ", ".join(request.workers))
-            self.settings.set("layer_split", "")
-        self.load_models(request)
-
-    # -- workers (llama.cpp RPC) -------------------------------------------------------------
-
-    def _on_workers(self, reports: object) -> None:
-        """The engine says how the main model's workers are: status bar, and a lost one."""
-        assert isinstance(reports, tuple)
-        self.status.set_workers(reports)
-        lost = [report for report in reports if not report.reachable]
-        if lost and self.last_load is not None:
-            self._offer_reload_without(
-                lost[0].address,
-                f"Worker {lost[0].address} is {lost[0].problem}: the main model cannot answer "
-                "without it.",
-            )
-
-    def _offer_reload_without(self, worker: str, text: str) -> None:
-        self._lost_worker = worker
-        self._restart_engine_before_load = True
-        self.crash_label.setText(f"⚠ {text}")
-        self.reload_button.setText(f"Reload without {worker}")
-        self.reload_button.show()
-        self.crash_banner.show()
-
-    def _find_lost_worker(self, message: str, while_loading: bool) -> None:
-        """The engine died with its main model on workers: name the one that went away."""
-        assert self.last_load is not None
-        self.crash_label.setText(f"⚠ {message}. Checking the workers…")
-        self.reload_button.hide()
-        self.crash_banner.show()
-        probe = WorkerProbe(self.last_load.workers, self)
-        self._worker_probe = probe
-
-        def found(worker: str, problem: str) -> None:
-            if self._worker_probe is not probe:
-                return  # another load began meanwhile
-            self._worker_probe = None
-            if worker:
-                what = "while loading" if while_loading else "mid-answer"
-                text = f"Worker {worker} stopped answering {what} ({problem})"
-                self._offer_reload_without(worker, f"{text}.")
-            else:  # every worker answers: the engine died of something else
-                text = f"{message[0].upper()}{message[1:]}"
-                self.crash_label.setText(f"⚠ {text}")
-                self.reload_button.setVisible(self.last_load is not None)
-            if self.answer is not None:
-                if self.answer.compare:
-                    self.compare_view.cancel()
-                self._end_answer("error", error=f"{text}. The text above was kept.")
-            self._update_controls()
-
-        probe.finished.connect(found)
-        probe.start()
-
-    def _on_loaded(self, pair: object) -> None:
-        assert isinstance(pair, LoadedPair)
-        self.loaded = pair
-        self.sidebar.set_loaded(
-            pair.main, pair.draft, pair.load_seconds or None, extra_notes=self._load_notes
-        )
-        if self._retried_crash:
-            self.crash_label.setText(
-                f"⚠ {self._retried_crash}. Loaded again with the safest settings "
-                f"({SAFEST_DESCRIPTION})."
-            )
-            self.reload_button.hide()  # the retry worked: nothing to reload
-        self._retried_crash = ""
-        self.status.set_engine_pid(self.client.pid)
-        self.status.set_gpu(_gpu_summary(pair))
-        self._update_controls()
-        self.models_loaded.emit()
-
-    def _on_unloaded(self) -> None:
-        self.loaded = None
-        self.status.set_workers(())
-        self.sidebar.set_unloaded()
-        self.status.set_gpu("No model loaded")
+    def _show_load_state(self, state: object) -> None:
+        assert isinstance(state, LoadState)
+        self.crash_banner.show_state(state)
         self._update_controls()
 
     def _update_estimate(self) -> None:
@@ -550,7 +375,7 @@ class MainWindow(QMainWindow):
 
     def new_chat(self) -> None:
         """Start an empty conversation (Ctrl+N)."""
-        if self.answer is not None:
+        if self.answers.busy:
             return
         conversation_id = self.store.create_conversation()
         self.conversations.refresh()
@@ -558,7 +383,7 @@ class MainWindow(QMainWindow):
 
     def open_conversation(self, conversation_id: int) -> None:
         """Show a stored conversation."""
-        if self.answer is not None and conversation_id != self.conversation_id:
+        if self.answers.busy and conversation_id != self.conversation_id:
             self.conversations.select(self.conversation_id or conversation_id)
             self.statusBar().showMessage("Wait for the answer to finish, or stop it (Esc)", 4000)
             return
@@ -568,14 +393,7 @@ class MainWindow(QMainWindow):
         self._update_controls()
 
     def _on_conversation_deleted(self, conversation_id: int) -> None:
-        answer = self.answer
-        if answer is not None and answer.conversation_id == conversation_id:
-            # Its rows are gone with the conversation: stop and forget the answer.
-            self.answer = None
-            self._save_timer.stop()
-            self.client.cancel()
-            self.meter.reset()
-            self._update_controls()
+        self.answers.drop_if_in(conversation_id)
         if conversation_id != self.conversation_id:
             return
         self.conversation_id = None
@@ -585,24 +403,12 @@ class MainWindow(QMainWindow):
         else:
             self.new_chat()
 
-    def _history(self) -> list[ChatMessage]:
-        assert self.conversation_id is not None
-        messages: list[ChatMessage] = []
-        system = str(self.settings.get("system_prompt") or "").strip()
-        if system:
-            messages.append(ChatMessage("system", system))
-        for record in self.store.messages(self.conversation_id):
-            if record.role == "assistant" and not record.content:
-                continue
-            messages.append(ChatMessage(record.role, record.content))
-        return messages
-
     # -- generation --------------------------------------------------------------------------
 
     def send_message(self) -> None:
         """Save the typed message, then ask the engine to answer it."""
         text = self.input.toPlainText().strip()
-        if not text or self.answer is not None:
+        if not text or self.answers.busy:
             return
         if self.loaded is None:
             self.sidebar.show_error("Load a main model first (Load in the sidebar)")
@@ -619,7 +425,7 @@ class MainWindow(QMainWindow):
 
     def regenerate(self) -> None:
         """Drop the last answer and answer the last user message again."""
-        if self.answer is not None or self.conversation_id is None or self.loaded is None:
+        if self.answers.busy or self.conversation_id is None or self.loaded is None:
             return
         records = self.store.messages(self.conversation_id)
         if not records or records[-1].role != "assistant" or records[-1].message_id is None:
@@ -631,80 +437,18 @@ class MainWindow(QMainWindow):
     def _start_answer(self) -> None:
         assert self.conversation_id is not None
         try:
-            settings = generation_settings(self.settings)
-            request = GenerateRequest(
-                self.client.new_request_id(),
-                tuple(self._history()),
-                settings,
-                compare=self.compare_toggle.isChecked(),
-            )
+            self.answers.start(self.conversation_id, compare=self.compare_toggle.isChecked())
         except SpecDeckError as error:
             self.sidebar.show_error(str(error))
-            return
-        method = request.method or (self.loaded.method if self.loaded else None)
-        message_id = self.store.begin_answer(self.conversation_id, method)
-        self.answer = _Answer(request.request_id, message_id, self.conversation_id, request.compare)
-        self.chat.begin_answer(method)
-        self.meter.start(method or "")
-        if request.compare:
-            self.compare_view.begin(method or "")
-        self._save_timer.start()
-        self.client.generate(request)
-        self._update_controls()
 
     def stop_generation(self) -> None:
         """Stop the running answer (Esc); what was generated stays."""
-        if self.answer is not None:
-            self.client.cancel()
+        self.answers.stop()
 
-    def _is_current(self, request_id: int) -> bool:
-        return self.answer is not None and self.answer.request_id == request_id
-
-    def _on_run_started(self, request_id: int, run: str, prompt_tokens: int) -> None:
-        if self._is_current(request_id) and run == "speculative":
-            self.meter.prompt_started(prompt_tokens)
-
-    def _on_tokens(
-        self, request_id: int, run: str, tokens: list[EmittedToken], stats: SpeculationStats
-    ) -> None:
-        if not self._is_current(request_id):
-            return
-        assert self.answer is not None
-        if run == "speculative":
-            self.answer.tokens.extend(tokens)
-            self.answer.stats = stats
-            self.answer.dirty = True
-            self.chat.append_tokens(tokens)
-            self.meter.update_stats(stats)
-        if self.answer.compare:
-            self.compare_view.append_tokens(_run_kind(run), tokens)
-            self.compare_view.update_stats(_run_kind(run), stats)
-
-    def _on_run_finished(
-        self, request_id: int, run: str, tokens: list[EmittedToken], stats: SpeculationStats
-    ) -> None:
-        if not self._is_current(request_id):
-            return
-        answer = self.answer
-        assert answer is not None
-        if answer.compare:
-            self.compare_view.append_tokens(_run_kind(run), tokens)
-            self.compare_view.finish_run(_run_kind(run), stats)
-        if run == "plain":
-            answer.plain_stats = stats
-            if stats.stop_reason == "cancelled":
-                self._end_answer("cancelled")
-            return
-        answer.tokens.extend(tokens)
-        answer.stats = stats
-        answer.speculative_done = True
-        self.chat.append_tokens(tokens)
-        self.meter.finish(stats)
-        cancelled = stats.stop_reason == "cancelled"
-        if cancelled and answer.compare:
-            self.compare_view.cancel()
-        if not answer.compare or cancelled:
-            self._end_answer("cancelled" if cancelled else "complete")
+    def _on_answer_finished(self, state: str) -> None:
+        self.conversations.refresh()
+        self._update_controls()
+        self.answer_finished.emit(state)
 
     # -- answers for other programs (the local API) ------------------------------------------
 
@@ -714,139 +458,14 @@ class MainWindow(QMainWindow):
         self.settings.set("server_api_key", api_key)
         self.client.serve(port, host=host, api_key=api_key or None)
 
-    def _on_api_started(self, _api_id: int, prompt_tokens: int, queued: int) -> None:
-        self.sidebar.server_panel.set_waiting(queued)
-        if self.answer is None:  # the meter follows API answers while the chat is idle
-            method = self.loaded.method if self.loaded is not None else ""
-            self.meter.start(f"{method} · API" if method else "API")
-            self.meter.prompt_started(prompt_tokens)
-
-    def _on_api_tokens(self, _api_id: int, _tokens: object, stats: SpeculationStats) -> None:
-        if self.answer is None:
-            self.meter.update_stats(stats)
-
-    def _on_api_finished(self, _api_id: int, _tokens: object, stats: SpeculationStats) -> None:
-        self.sidebar.server_panel.add_request(stats)
-        if self.answer is None:
-            self.meter.finish(stats)
-
-    def _on_compared(self, request_id: int, speedup: object, identical: object) -> None:
-        if not self._is_current(request_id):
-            return
-        assert self.answer is not None
-        self.compare_view.set_result(
-            float(speedup) if isinstance(speedup, (int, float)) else None,
-            identical if isinstance(identical, bool) else None,
-        )
-        self.answer_extra = {"speedup": speedup, "identical": identical}
-        self._end_answer(
-            "complete", extra={"compare": {"speedup": speedup, "identical": identical}}
-        )
-
-    def _end_answer(
-        self, state: MessageState, error: str | None = None, extra: dict[str, object] | None = None
-    ) -> None:
-        answer = self.answer
-        if answer is None:
-            return
-        self.answer = None
-        self._save_timer.stop()
-        self.store.finish_answer(
-            answer.message_id,
-            answer.text,
-            spans_from_tokens(answer.tokens),
-            answer.stats,
-            state,
-            error,
-            extra,
-        )
-        if answer.conversation_id == self.conversation_id:
-            self.chat.finish_answer(answer.stats, state, error)
-        if state != "complete":
-            self.meter.reset() if answer.stats is None else self.meter.finish(answer.stats)
-        self.conversations.refresh()
-        self._update_controls()
-        self.answer_finished.emit(state)
-
-    def _save_streaming_answer(self) -> None:
-        answer = self.answer
-        if answer is None or not answer.dirty:
-            return
-        answer.dirty = False
-        self.store.update_answer(answer.message_id, answer.text, spans_from_tokens(answer.tokens))
-
     def _on_engine_error(self, message: str, request_id: object) -> None:
         if self.fastest_setup.owns(request_id):
             return  # the trials' dialog shows it
-        if isinstance(request_id, int) and self._is_current(request_id):
-            if self.answer is not None and self.answer.compare:
-                self.compare_view.cancel()
-            self._end_answer("error", error=message)
+        if isinstance(request_id, int) and self.answers.owns(request_id):
+            self.answers.fail(message)
             return
-        if self.loaded is None:
-            self.sidebar.set_loading(False)
-            self.sidebar.set_unloaded()
-            self.load_gave_up.emit(message)
-        self.sidebar.show_error(message)
+        self.loads.report_error(message)
         self._update_controls()
-
-    def _on_engine_crashed(self, message: str, death: object) -> None:
-        assert isinstance(death, EngineDeath)
-        self.status.set_workers(())
-        on_workers = self.last_load is not None and bool(self.last_load.workers)
-        lost_link = on_workers and mentions_rpc_failure(self.client.last_log_lines())
-        if death.loading is not None and not lost_link:
-            self._on_load_crashed(death)
-            return
-        self._forget_dead_engine()
-        self.sidebar.set_loading(False)
-        self.sidebar.set_unloaded()
-        if on_workers:
-            # No load crash to remember: a worker went away (or may have); say which.
-            self._find_lost_worker(message, while_loading=death.loading is not None)
-            return
-        if self.answer is not None:
-            if self.answer.compare:
-                self.compare_view.cancel()
-            self._end_answer("error", error=f"{message}. The text above was kept.")
-        self.crash_label.setText(f"⚠ {message}")
-        self.reload_button.setVisible(self.last_load is not None)
-        self.crash_banner.show()
-        self._update_controls()
-
-    def _forget_dead_engine(self) -> None:
-        self.loaded = None
-        self.status.set_engine_pid(None)
-        self.status.set_gpu("No model loaded")
-
-    def _on_load_crashed(self, death: EngineDeath) -> None:
-        """Record the crash; retry once with the safest settings unless those crashed."""
-        loading = death.loading
-        assert loading is not None
-        self._forget_dead_engine()
-        settings = loading.request.risky
-        self.crash_records.record(loading.model_path, settings, loading.stage, death.cause)
-        crash = crash_message(loading.model_path, loading.stage, settings, death.cause)
-        crash = crash[0].upper() + crash[1:]
-        retry = settings != SAFEST and self.last_load is not None
-        self._retried_crash = crash if retry else ""
-        if retry:
-            text = f"{crash}. Retrying once with the safest settings ({SAFEST_DESCRIPTION})."
-        else:
-            text = (
-                f"{crash}. Nothing safer is left to try: SpecDeck will not load it this way again."
-            )
-        self.crash_label.setText(f"⚠ {text}")
-        self.reload_button.hide()
-        self.crash_banner.show()
-        if retry and self.last_load is not None:
-            # The records now hold the crash: the same request loads with the safest settings.
-            self.load_models(self.last_load, keep_banner=True)
-            return
-        self.sidebar.set_loading(False)
-        self.sidebar.set_unloaded()
-        self._update_controls()
-        self.load_gave_up.emit(text)
 
     # -- settings and state ------------------------------------------------------------------
 
@@ -867,7 +486,7 @@ class MainWindow(QMainWindow):
             self.rescan_models()
 
     def _update_controls(self) -> None:
-        answering = self.answer is not None
+        answering = self.answers.busy
         generating = answering or self.fastest_setup.running  # the engine is busy
         self.send_button.setEnabled(not generating and self.loaded is not None)
         self.stop_button.setEnabled(answering)
@@ -904,45 +523,15 @@ class MainWindow(QMainWindow):
     def shutdown(self) -> None:
         """Save what streams, stop the engine, close the history (idempotent)."""
         self.sidebar.flush_pending_edits()
-        if self.answer is not None:
-            self._save_streaming_answer()
-            self.client.cancel()
+        self.answers.save_and_cancel()
         self.client.stop()
-        if self._scan_task is not None:
-            self._scan_task.wait(5)
+        self.loads.wait_for_scan(5)
         self._save_window_state()
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt's name
         """Quit cleanly: the answer so far is in the history already."""
         self.shutdown()
         super().closeEvent(event)
-
-
-def _run_kind(run: str) -> RunKind:
-    if run == "plain":
-        return "plain"
-    return "speculative"
-
-
-def _gpu_summary(pair: LoadedPair) -> str:
-    """Where the layers went, and the GPU memory left where the backend reports it."""
-    main = pair.main
-    if main.layer_placement:
-        workers = sum(1 for where, _count in main.layer_placement if where.startswith("worker "))
-        here = dict(main.layer_placement).get(LOCAL_CPU_PLACE, 0)
-        text = f"Main model on {workers} worker{'s' if workers != 1 else ''}"
-        text += f" and {here} layers here" if here else ""
-        return text + (", draft here" if pair.draft is not None else "")
-    if main.gpu_layers <= 0:
-        return f"{main.backend} build: no GPU offload"
-    text = f"{main.backend}: main {main.gpu_layers}/{main.n_layers} layers on GPU"
-    if pair.draft is not None and pair.draft.gpu_layers >= pair.draft.n_layers:
-        text += ", draft all layers on GPU"
-    for gpu in pair.gpus:
-        if gpu.memory_free is not None and gpu.memory_total is not None:
-            free, total = format_bytes(gpu.memory_free), format_bytes(gpu.memory_total)
-            text += f" · {gpu.description or gpu.name}: {free} free of {total}"
-    return text
 
 
 def _open_history(parent: QWidget) -> ChatStore:

@@ -21,11 +21,13 @@ from backends.engines.rpc import parse_split, parse_workers
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SettingsError
 from backends.paths import user_data_dir
+from backends.service.generation_options import GenerationOptions
+from backends.service.generation_options import generation_settings as settings_from_options
 from backends.service.protocol import DEFAULT_API_HOST, DEFAULT_API_PORT, ENGINE_KINDS, LoadRequest
 from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
-from backends.speculation.sampling import SamplingSettings
 from backends.speculation.types import (
     DEFAULT_DRAFT_MAX,
+    DEFAULT_DRAFT_MIN,
     DEFAULT_MAX_TOKENS,
     DEFAULT_P_MIN,
     GenerationSettings,
@@ -59,6 +61,7 @@ MAX_CONTEXT = 131_072
 MAX_GENERATED_TOKENS = 32_768
 MAX_DRAFT_TOKENS = 32
 MAX_TOP_K = 1000
+MAX_MIN_P = 0.95  # min_p must stay below 1 (SamplingSettings)
 MAX_TEMPERATURE = 2.0
 MIN_TOP_P = 0.01
 PROBABILITY_STEP = 0.05
@@ -238,6 +241,19 @@ SETTINGS: tuple[SettingSpec, ...] = (
         maximum=MAX_DRAFT_TOKENS,
     ),
     SettingSpec(
+        key="draft_min",
+        kind=int,
+        default=DEFAULT_DRAFT_MIN,
+        title="Min draft tokens",
+        tooltip=(
+            "A draft shorter than this is not verified (llama.cpp's --spec-draft-n-min): "
+            "the round decodes one token plainly instead. 0 verifies every draft."
+        ),
+        group="speculation",
+        minimum=0,
+        maximum=MAX_DRAFT_TOKENS,
+    ),
+    SettingSpec(
         key="p_min",
         kind=float,
         default=DEFAULT_P_MIN,
@@ -322,6 +338,20 @@ SETTINGS: tuple[SettingSpec, ...] = (
         minimum=TOP_K_OFF,
         maximum=MAX_TOP_K,
         special_text="off",
+    ),
+    SettingSpec(
+        key="min_p",
+        kind=float,
+        default=0.0,
+        title="Min P",
+        tooltip=(
+            "Drop tokens less likely than this fraction of the most likely one (--min-p). "
+            "0 keeps the whole vocabulary."
+        ),
+        group="sampling",
+        minimum=0.0,
+        maximum=MAX_MIN_P,
+        step=PROBABILITY_STEP,
     ),
     SettingSpec(
         key="seed",
@@ -640,26 +670,26 @@ class AppSettings(QObject):
 # -- settings to backend types ---------------------------------------------------------------
 
 
-def sampling_settings(settings: AppSettings) -> SamplingSettings:
-    """Temperature, top P, top K and seed (-1 becomes None: a fresh seed each time)."""
+def generation_options(settings: AppSettings) -> GenerationOptions:
+    """What the window's settings say about a generation (seed -1 becomes None: fresh)."""
     seed = settings.get_int("seed")
-    return SamplingSettings(
+    return GenerationOptions(
+        max_tokens=settings.get_int("max_tokens"),
         temperature=settings.get_float("temperature"),
         top_p=settings.get_float("top_p"),
         top_k=settings.get_int("top_k"),
+        min_p=settings.get_float("min_p"),
         seed=None if seed == RANDOM_SEED else seed,
+        draft_max=settings.get_int("draft_max"),
+        draft_min=min(settings.get_int("draft_min"), settings.get_int("draft_max")),
+        p_min=settings.get_float("p_min"),
+        exact_batches=settings.get_bool("exact_verification"),
     )
 
 
 def generation_settings(settings: AppSettings) -> GenerationSettings:
-    """The GenerationSettings the settings describe."""
-    return GenerationSettings(
-        max_tokens=settings.get_int("max_tokens"),
-        sampling=sampling_settings(settings),
-        draft_max=settings.get_int("draft_max"),
-        p_min=settings.get_float("p_min"),
-        exact_batches=settings.get_bool("exact_verification"),
-    )
+    """The GenerationSettings the settings describe (the backends' one policy for the rest)."""
+    return settings_from_options(generation_options(settings))
 
 
 def engine_kind(settings: AppSettings) -> EngineKind:
@@ -735,7 +765,7 @@ __all__ = [
     "generation_settings",
     "load_request_for",
     "migrate",
-    "sampling_settings",
+    "generation_options",
     "setting_spec",
     "speculation_method",
     "weight_repacking",

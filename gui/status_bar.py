@@ -13,6 +13,7 @@ from backends.engines.hardware import (
     estimate_model_memory,
     estimate_pair_memory,
 )
+from backends.engines.interface import LOCAL_CPU_PLACE
 from gui.style import BAD, MUTED_TEXT, WARN
 
 if TYPE_CHECKING:
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
     from backends.models.gguf_info import ModelInfo
     from backends.service.protocol import WorkerReport
+    from gui.engine_client import PairReport
 
 RESOURCE_REFRESH_MS = 2000
 # Above this share of the available memory a load is risky: warn before the machine swaps.
@@ -43,6 +45,27 @@ def process_memory(pid: int | None) -> int | None:
         return int(psutil.Process(pid).memory_info().rss)
     except (psutil.Error, OSError):
         return None
+
+
+def gpu_summary(pair: PairReport) -> str:
+    """Where the layers went, and the GPU memory left where the backend reports it."""
+    main = pair.main
+    if main.layer_placement:
+        workers = sum(1 for where, _count in main.layer_placement if where.startswith("worker "))
+        here = dict(main.layer_placement).get(LOCAL_CPU_PLACE, 0)
+        text = f"Main model on {workers} worker{'s' if workers != 1 else ''}"
+        text += f" and {here} layers here" if here else ""
+        return text + (", draft here" if pair.draft is not None else "")
+    if main.gpu_layers <= 0:
+        return f"{main.backend} build: no GPU offload"
+    text = f"{main.backend}: main {main.gpu_layers}/{main.n_layers} layers on GPU"
+    if pair.draft is not None and pair.draft.gpu_layers >= pair.draft.n_layers:
+        text += ", draft all layers on GPU"
+    for gpu in pair.gpus:
+        if gpu.memory_free is not None and gpu.memory_total is not None:
+            free, total = format_bytes(gpu.memory_free), format_bytes(gpu.memory_total)
+            text += f" · {gpu.description or gpu.name}: {free} free of {total}"
+    return text
 
 
 class ResourceStatusBar(QStatusBar):

@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import json
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -19,12 +20,21 @@ import openai
 import pytest
 
 from backends.errors import SettingsError
-from backends.service.api_server import ApiServer, PairWorker, ServerSettings
+from backends.service.api.app import ApiServer, ServerSettings
+from backends.service.api.jobs import ServedModel
+from backends.service.api.worker import PairWorker
+from backends.service.loaded_pair import open_pair
+from backends.service.protocol import LoadRequest
+from backends.service.serve_cli import build_parser, generation_defaults
+from tests.conftest import TEST_CONTEXT
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from openai.types.chat import ChatCompletionMessageParam
+
+    from backends.service.loaded_pair import LoadedPair
+    from backends.speculation.types import GenerationSettings
 
 QUESTION = "Write a Python function that adds two numbers."
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
@@ -531,3 +541,92 @@ def test_serve_names_a_bad_model_in_one_line_before_listening(
     words = {"missing": "not found", "corrupt": "not a GGUF", "incompatible": "incompatible pair"}
     assert words[problem] in lines[0]
     assert "listening" not in done.stderr
+
+
+# -- serve's generation flags, on the real pair in this process -----------------------------
+
+
+class PairInProcess:
+    """``specdeck serve``'s worker on the SmolLM pair, and the settings each job ran with."""
+
+    def __init__(self, smollm_path: Path) -> None:
+        self.ran: queue.Queue[GenerationSettings] = queue.Queue()
+        request = LoadRequest(
+            str(smollm_path), str(smollm_path), method="draft-model", n_ctx=TEST_CONTEXT
+        )
+
+        def load() -> tuple[LoadedPair, ServedModel, ServedModel]:
+            pair = open_pair(request)
+            served = ServedModel.of(str(smollm_path), pair.main.name)
+            return pair, served, served  # the same file serves as main and draft
+
+        self.worker = PairWorker(
+            load, method="draft-model", on_finished=lambda job, _: self.ran.put(job.settings)
+        )
+
+    def answer(self, flags: list[str], body: dict[str, Any]) -> tuple[GenerationSettings, Any]:
+        """Ask an API with serve's defaults for these flags; the settings the job ran with."""
+        api = ApiServer(
+            self.worker, ServerSettings(), generation_defaults(build_parser().parse_args(flags))
+        )
+        with in_thread(api) as port:
+            status, answer = call(port, "POST", "/chat/completions", {"messages": MESSAGES, **body})
+        assert status == 200, answer
+        return self.ran.get(timeout=60), answer
+
+
+@pytest.fixture(scope="module")
+def in_process(smollm_path: Path) -> Iterator[PairInProcess]:
+    pair = PairInProcess(smollm_path)
+    pair.worker.start()
+    deadline = time.monotonic() + 120
+    while pair.worker.unavailable is not None:
+        assert "could not be loaded" not in pair.worker.unavailable, pair.worker.unavailable
+        assert time.monotonic() < deadline, "the pair did not load"
+        time.sleep(0.05)
+    yield pair
+    pair.worker.stop()
+
+
+def test_a_request_seed_gets_sample_match_unless_serve_or_the_request_says_otherwise(
+    in_process: PairInProcess,
+) -> None:
+    seeded = {"max_tokens": 6, "temperature": 1.0, "seed": 7}
+    settings, _ = in_process.answer([], seeded)
+    assert settings.verification == "sample-match"
+    assert settings.sampling.seed == 7
+    settings, _ = in_process.answer([], {"max_tokens": 6, "temperature": 1.0})
+    assert settings.verification == "rejection"
+    settings, _ = in_process.answer(["--verification", "rejection"], seeded)
+    assert settings.verification == "rejection"
+    asked = {**seeded, "specdeck": {"verification": "sample-match"}}
+    settings, _ = in_process.answer(["--verification", "rejection"], asked)
+    assert settings.verification == "sample-match"
+
+
+def test_serves_batch_and_sibling_flags_reach_the_generation(in_process: PairInProcess) -> None:
+    settings, _ = in_process.answer([], {"max_tokens": 6, "temperature": 0})
+    assert (settings.exact_batches, settings.sibling_branches) == (True, False)
+    settings, answer = in_process.answer(
+        ["--fast-batches", "--sibling-branches"], {"max_tokens": 6, "temperature": 0}
+    )
+    assert (settings.exact_batches, settings.sibling_branches) == (False, True)
+    assert answer["choices"][0]["message"]["content"]
+
+
+def test_serves_sampling_defaults_reach_the_generation_under_a_requests_own(
+    in_process: PairInProcess,
+) -> None:
+    flags = ["--max-tokens", "3", "--temperature", "0.8", "--top-k", "40", "--seed", "5"]
+    settings, answer = in_process.answer(flags, {})
+    assert settings.max_tokens == 3
+    assert answer["usage"]["completion_tokens"] <= 3
+    assert (settings.sampling.temperature, settings.sampling.top_k) == (0.8, 40)
+    assert settings.sampling.seed == 5
+    assert settings.verification == "sample-match"  # serve's seed is a seed like a request's
+    again, repeated = in_process.answer(flags, {})
+    assert again == settings
+    assert repeated["choices"] == answer["choices"]
+    settings, _ = in_process.answer(flags, {"max_tokens": 5, "temperature": 0, "seed": None})
+    assert (settings.max_tokens, settings.sampling.temperature) == (5, 0.0)
+    assert settings.sampling.seed == 5  # a null field says nothing

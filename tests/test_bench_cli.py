@@ -195,9 +195,16 @@ def test_incompatible_pair(gemma_path: Path, smollm_path: Path) -> None:
 
 def test_prompt_longer_than_context(smollm_path: Path) -> None:
     done = run_bench(
-        "--main", smollm_path, "--draft", smollm_path, "--ctx", "64", "--prompt", "word " * 1000
+        "--main", smollm_path, "--draft", smollm_path, "--ctx", "256", "--prompt", "word " * 1000
     )
-    assert_one_line_error(done, "context")
+    assert_one_line_error(done, "context holds 256")
+
+
+def test_a_pair_beyond_the_free_memory_is_refused_before_loading(smollm_path: Path) -> None:
+    # A context of 50M tokens needs a KV cache far beyond this machine's memory: the pair
+    # service's one line, as the window's engine process says it, before any load.
+    done = run_bench("--main", smollm_path, "--draft", smollm_path, "--ctx", "50000000")
+    assert_one_line_error(done, "not enough memory: the models need about", "smaller context")
 
 
 @pytest.mark.parametrize(
@@ -207,7 +214,7 @@ def test_prompt_longer_than_context(smollm_path: Path) -> None:
         (("--temperature", "-1"), "temperature"),
         (("--max-tokens", "0"), "max_tokens"),
         (("--top-p", "0"), "top_p"),
-        (("--ctx", "0"), "--ctx"),
+        (("--ctx", "0"), "context size must be at least 256 tokens, got 0"),
         (("--method", "turbo"), "unknown speculation method 'turbo'"),
         (("--suite", "--suite-prompts", "nope"), "unknown suite prompt nope"),
         (("--lookup-draft-max", "0"), "lookup_draft_max"),
@@ -224,7 +231,7 @@ def test_suite_table_and_json(smollm_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     runs = data["runs"]
-    from backends.service.bench import SUITE_METHODS
+    from backends.service.bench_suite import SUITE_METHODS
 
     assert [run["method"] for run in runs] == [label for label, *_ in SUITE_METHODS]
     assert {run["prompt"] for run in runs} == {"type-hints"}
@@ -291,6 +298,24 @@ def test_a_crash_with_the_safest_settings_too_exits_3_then_refuses(
     assert lines[2].endswith("nothing safer is left to try")
     assert_one_line_error(
         run_bench(*args, env=_crashing(tmp_path, None)), "will not load it again by itself"
+    )
+
+
+def test_a_crash_while_calibrating_is_a_load_crash_too(smollm_path: Path, tmp_path: Path) -> None:
+    """auto measures its batch costs at load (as the window's engine process does)."""
+    args = ("--main", smollm_path, "--draft", smollm_path, "--max-tokens", "8", "--json")
+    done = run_bench(*args, env=_crashing(tmp_path, "calibration:unless-safe"))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 2, done.stderr
+    assert lines[0].startswith("specdeck-bench: the engine crashed while measuring batch costs")
+    assert lines[0].endswith(
+        "retrying once with the safest settings (no weight repacking, "
+        "no GPU offload of the main model, default threads)"
+    )
+    assert lines[1].startswith("specdeck-bench: safest settings: SmolLM2-135M")
+    assert any(
+        note.startswith("safest settings") for note in json.loads(done.stdout)["load"]["notes"]
     )
 
 

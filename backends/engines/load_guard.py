@@ -186,6 +186,45 @@ def crash_message(model: Path | str, stage: str, settings: RiskySettings, detail
     return f"{text}: {detail}" if detail else text
 
 
+@dataclass(frozen=True)
+class CrashVerdict:
+    """What a watcher does after the process it watched died while loading.
+
+    ``line`` says what crashed (capitalised by the caller where it starts a sentence);
+    ``retry``: load once more, when the records now steer the same request to the safest
+    settings; ``announcement``: the one line a watcher shows either way.
+    """
+
+    line: str
+    retry: bool
+
+    @property
+    def announcement(self) -> str:
+        """The crash and what happens next, in one line."""
+        if self.retry:
+            return f"{self.line}; retrying once with the safest settings ({SAFEST_DESCRIPTION})"
+        return f"{self.line}; nothing safer is left to try"
+
+
+def after_load_crash(
+    records: CrashRecords,
+    model: Path | str,
+    settings: RiskySettings,
+    stage: str,
+    cause: str,
+    *,
+    retried: bool,
+) -> CrashVerdict:
+    """Record a crash while loading ``model``; retry once unless the safest settings crashed.
+
+    ``retried``: this load was already the retry (a second crash ends the attempts). The
+    window's engine client and specdeck-bench's worker watcher both decide here.
+    """
+    records.record(model, settings, stage, cause)
+    line = crash_message(model, stage, settings, cause)
+    return CrashVerdict(line, retry=settings != SAFEST and not retried)
+
+
 class CrashRecords:
     """The load crashes seen on this machine, kept in ``load-crashes.json``."""
 

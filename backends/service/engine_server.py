@@ -2,7 +2,9 @@
 
 Run as ``python -m backends.service.engine_server``. The window starts it as a child process, so
 that a native crash in llama.cpp (which can abort the whole process) costs a message and a
-reload, never the window or the chat. Commands arrive on stdin (see
+reload, never the window or the chat. Loading, answering, comparing and tuning are the pair
+service's (:mod:`backends.service.loaded_pair`); this module turns commands into its calls
+and what they produce into events. Commands arrive on stdin (see
 :mod:`backends.service.protocol`); a reader thread takes them, so ``cancel`` reaches a
 running generation at once, while loading and generating run one at a time on the main
 thread. Events go to the original stdout; anything native code prints is sent to stderr,
@@ -34,33 +36,22 @@ import queue
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import asdict
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from backends.engines.interface import common_prefix_length
 from backends.engines.load_guard import add_stage_listener
-from backends.engines.selection import installed_engines, open_engine
-from backends.errors import ContextOverflowError, SettingsError, SpecDeckError
+from backends.engines.selection import installed_engines
+from backends.errors import SettingsError, SpecDeckError
 from backends.models.catalog import read_catalog_model
-from backends.service.api_server import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    ApiError,
-    ApiHost,
-    ApiServer,
-    RequestCounts,
-    ServedModel,
-    ServerSettings,
-    job_failed,
-    run_job,
-)
+from backends.service.api.app import DEFAULT_HOST, DEFAULT_PORT, ApiServer, ServerSettings
+from backends.service.api.errors import ApiError
+from backends.service.api.host import ApiHost
+from backends.service.api.jobs import RequestCounts, ServedModel, job_failed
+from backends.service.api.worker import run_job
 from backends.service.loaded_pair import LoadedPair, open_pair
 from backends.service.protocol import (
     GenerateRequest,
     LoadRequest,
-    RunKind,
     WorkerReport,
     decode,
     encode,
@@ -69,26 +60,16 @@ from backends.service.protocol import (
     stats_to_wire,
     tokens_to_wire,
 )
-from backends.service.tuning import (
-    DEFAULT_BUDGET_SECONDS,
-    SetupTuner,
-    candidate_setups,
-    device_words,
-    trial_prompts,
-)
-from backends.service.tuning_memory import RememberedTuning, TuningMemory, machine_key
-from backends.speculation.loop import SpeculativeDecoder
-from backends.speculation.types import GenerationResult
+from backends.service.tuning import DEFAULT_BUDGET_SECONDS, trial_prompts
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from backends.engines.hardware import ComputeDevice
-    from backends.engines.interface import ModelEngine
-    from backends.models.gguf_info import ModelInfo
-    from backends.service.api_server import ApiJob
+    from backends.service.api.jobs import ApiJob
+    from backends.service.protocol import RunKind
     from backends.speculation.methods import SpeculationMethod
-    from backends.speculation.types import EmittedToken, GenerationUpdate, SpeculationStats
+    from backends.speculation.types import GenerationUpdate, SpeculationStats
 
 log = logging.getLogger("backends.service.engine_server")
 
@@ -331,53 +312,36 @@ class EngineServer:
             self._pair.close()
             self._pair = None
 
-    def _generate(self, request: GenerateRequest) -> None:
-        pair = self._pair
-        if pair is None:
+    def _loaded_pair(self) -> LoadedPair:
+        if self._pair is None:
             raise SettingsError("no model is loaded; load a main model first")
+        return self._pair
+
+    def _generate(self, request: GenerateRequest) -> None:
+        pair = self._loaded_pair()
         self._cancel.clear()
-        settings = request.settings
-        speculative = pair.decoder(request.method or pair.request.method, settings.p_min)
-        prompt = speculative.prompt_tokens(request.messages)
-        if len(prompt) >= pair.main.n_ctx:
-            raise ContextOverflowError(
-                f"the conversation is {len(prompt)} tokens but the context holds "
-                f"{pair.main.n_ctx}; start a new chat or raise the context size"
-            )
-        # Both runs of a comparison start from the same cached prefix, so neither is helped
-        # by what the other left in the cache.
-        start_state = common_prefix_length(pair.main.cached_tokens, prompt)
-        runs: list[tuple[RunKind, SpeculativeDecoder]] = [("speculative", speculative)]
-        if request.compare:
-            runs.append(("plain", SpeculativeDecoder(pair.main)))
-        results: dict[RunKind, GenerationResult] = {}
-        for run, decoder in runs:
-            if self._cancel.is_set():
-                break
-            pair.main.truncate(min(start_state, len(pair.main.cached_tokens)))
-            results[run] = self._stream(request.request_id, run, decoder, prompt, request)
-        if request.compare and len(results) == 2:
-            plain, spec = results["plain"].stats, results["speculative"].stats
-            speedup = spec.speedup_over(plain)
-            identical = (
-                results["plain"].token_ids == results["speculative"].token_ids
-                if settings.sampling.greedy
-                else None
-            )
+        answer = pair.answer(
+            request.messages,
+            request.settings,
+            method=request.method,
+            compare=request.compare,
+            observer=_RunEvents(self, request.request_id),
+            cancel=self._cancel,
+        )
+        comparison = answer.comparison
+        if comparison is not None:
             self.emit(
-                "compared", request_id=request.request_id, speedup=speedup, identical=identical
+                "compared",
+                request_id=request.request_id,
+                speedup=comparison.speedup,
+                identical=comparison.identical,
             )
 
     def _tune(self, command: dict[str, Any]) -> None:
         """Find the fastest setup for the loaded main model (or recall the remembered one)."""
-        pair = self._pair
-        if pair is None:
-            raise SettingsError("no model is loaded; load a main model first")
+        pair = self._loaded_pair()
         self._cancel.clear()
-        request = pair.request
-        memory = TuningMemory()
-        key = machine_key(request.main_path, pair.main.load_report, request.engine)
-        recall = memory.recall(key)
+        recall = pair.recall_tuning()
         if command.get("recall_only") or (
             recall is not None and recall.current and not command.get("again")
         ):
@@ -389,84 +353,42 @@ class EngineServer:
                 cancelled=False,
             )
             return
-        drafts = [read_catalog_model(path) for path in command.get("drafts", [])]
-        loaded_draft = request.draft_path
-
-        @contextmanager
-        def open_draft(info: ModelInfo) -> Iterator[ModelEngine]:
-            if pair.draft is not None and str(info.path) == loaded_draft:
-                yield pair.draft  # the loaded draft: not loaded twice, not closed
-                return
-            draft = open_engine(
-                request.engine,
-                Path(info.path),
-                n_ctx=request.n_ctx,
-                settings=request.risky,
-                is_draft=True,
-                draft_weights=request.draft_weights,
-            )
-            try:
-                yield draft
-            finally:
-                draft.close()
-
-        tuner = SetupTuner(
-            pair.main,
-            open_draft,
-            costs=pair.costs,
-            progress=self._progress_events("tune_progress"),
-            cancel=self._cancel,
-            device=device_words(pair.main),
-        )
-        outcome = tuner.run(
-            candidate_setups(drafts),
+        run = pair.tune(
+            [read_catalog_model(path) for path in command.get("drafts", [])],
             trial_prompts(command.get("prompts", [])),
             budget_seconds=float(command.get("budget_seconds", DEFAULT_BUDGET_SECONDS)),
+            progress=self._progress_events("tune_progress"),
+            cancel=self._cancel,
         )
-        result = RememberedTuning.of(key, outcome)
-        if not outcome.cancelled:
-            memory.remember(result)
         self.emit(
             "tuned",
-            result=result.to_json(),
+            result=run.tuning.to_json(),
             changes=[],
             recalled=False,
-            cancelled=outcome.cancelled,
+            cancelled=run.cancelled,
         )
 
-    def _stream(
-        self,
-        request_id: int,
-        run: RunKind,
-        decoder: SpeculativeDecoder,
-        prompt: list[int],
-        request: GenerateRequest,
-    ) -> GenerationResult:
-        self.emit("started", request_id=request_id, run=run, prompt_tokens=len(prompt))
-        tokens: list[EmittedToken] = []
-        stats: SpeculationStats | None = None
-        last_tokens: tuple[EmittedToken, ...] = ()
-        for update in decoder.generate(prompt, request.settings, self._cancel):
-            tokens.extend(update.tokens)
-            stats, last_tokens = update.stats, update.tokens
-            if update.finished:
-                break
-            self.emit(
-                "tokens",
-                request_id=request_id,
-                run=run,
-                tokens=tokens_to_wire(update.tokens),
-                stats=stats_to_wire(stats),
-            )
-        assert stats is not None
-        self.emit(
-            "finished",
-            request_id=request_id,
-            run=run,
-            tokens=tokens_to_wire(last_tokens),
-            stats=stats_to_wire(stats),
+
+class _RunEvents:
+    """An answer's runs as events: ``started``, ``tokens`` per round, ``finished``."""
+
+    def __init__(self, server: EngineServer, request_id: int) -> None:
+        self._server = server
+        self._request_id = request_id
+
+    def run_started(self, run: RunKind, prompt_tokens: int) -> None:
+        self._server.emit(
+            "started", request_id=self._request_id, run=run, prompt_tokens=prompt_tokens
         )
-        return GenerationResult(tuple(tokens), stats)
+
+    def round_done(self, run: RunKind, update: GenerationUpdate) -> None:
+        self._server.emit(
+            "finished" if update.finished else "tokens",
+            request_id=self._request_id,
+            run=run,
+            tokens=tokens_to_wire(update.tokens),
+            stats=stats_to_wire(update.stats),
+        )
 
 
 NO_MODEL_FOR_API = "no model is loaded; load one in SpecDeck's window first"

@@ -1,37 +1,67 @@
-"""A loaded main model and draft, and how SpecDeck loads them: checked, sized, calibrated.
+"""The one place a pair is opened: checked, sized, imported, loaded crash-safely, calibrated.
 
-Shared by the engine process (the window's models) and ``specdeck serve``: the pair's
-formats must match the engine, the draft must be compatible with the main model, the pair
-must fit the free memory (refused only when clearly hopeless; a compatible GGUF draft for
-an MLX main model is imported to MLX first), and with ``auto`` the
-planner's batch costs are measured at load. :class:`LoadedPair` keeps one decoder per
-method, so what a planner learned carries over from answer to answer.
+Every front end opens its models here and only translates its own input and output: the
+window's engine process, ``specdeck serve``, ``specdeck-bench`` (one prompt, ``--suite``
+and ``--tune``). A pair is opened in this order:
+
+1. **Files** (:func:`check_files`): both models readable, in the engine's format, the
+   draft compatible with the main model. A compatible GGUF draft for an MLX main model is
+   imported to MLX first (once; later loads reuse the import).
+2. **Memory**: a pair clearly bigger than the free memory is refused in one line (the OS
+   can page out other programs, and the estimate is an estimate); with workers only this
+   computer's share of the main model's layers counts.
+3. **Settings** (:func:`crash_safe_request`): the crash records steer a load that
+   crashed before to the safest settings, or refuse one that crashed even with them. The
+   process that watches the loading one (the window, specdeck-bench's worker watcher)
+   decides on a retry with :func:`backends.engines.load_guard.after_load_crash`.
+4. **Loads**, each risky step a :func:`~backends.engines.load_guard.checkpoint`
+   (``main-model``, ``main-probe``, ``draft-model``, ``calibration``): a watcher that
+   outlives a native crash knows where it died.
+5. **Calibration**: with ``auto`` the planner's batch costs are measured at load.
+
+:class:`LoadedPair` is the loaded pair as one object: its decoders (one per method, so what
+a planner learned carries over from answer to answer), answers and comparisons
+(:mod:`backends.service.pair_runs`), the tuner's trials with their draft models
+(:mod:`backends.service.pair_tuning`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backends.engines.hardware import available_memory, estimate_pair_memory
-from backends.engines.load_guard import SAFEST, checkpoint
+from backends.engines.load_guard import SAFEST, CrashRecords, avoided_crash_note, checkpoint
 from backends.engines.selection import open_engine
 from backends.errors import SettingsError, SpecDeckError
 from backends.models.catalog import read_catalog_model
 from backends.models.compat import check_compatibility, compatibility_problem
+from backends.service.pair_runs import answer, compare_from_empty
+from backends.service.pair_tuning import recall_tuning, tune, tuning_key
 from backends.speculation.methods import build_decoder
 from backends.speculation.planner import CostCache
 from backends.speculation.types import DEFAULT_P_MIN
 
 if TYPE_CHECKING:
-    from backends.engines.interface import ModelEngine
+    import threading
+    from collections.abc import Iterator, Sequence
+    from types import TracebackType
+
+    from backends.engines.interface import ChatMessage, ModelEngine
+    from backends.engines.selection import EngineKind
     from backends.models.gguf_info import ModelFormat, ModelInfo
     from backends.models.gguf_to_mlx import ImportProgress
-    from backends.service.protocol import EngineKind, LoadRequest
+    from backends.service.pair_runs import Answer, Comparison, RunObserver
+    from backends.service.pair_tuning import TuningRun
+    from backends.service.protocol import LoadRequest
+    from backends.service.tuning import TrialPrompt, TuningProgress
+    from backends.service.tuning_memory import Recall, TuningMemory
     from backends.speculation.loop import SpeculativeDecoder
     from backends.speculation.methods import SpeculationMethod
+    from backends.speculation.types import GenerationSettings
 
 # Loading beyond what is available is refused only when clearly hopeless: the OS can page
 # out other programs, and the estimate is an estimate.
@@ -39,11 +69,19 @@ MEMORY_REFUSAL_FACTOR = 1.5
 _FORMAT_OF_ENGINE: dict[EngineKind, ModelFormat] = {"llama.cpp": "gguf", "mlx": "mlx"}
 _FORMAT_NAMES: dict[ModelFormat, str] = {"gguf": "a GGUF", "mlx": "an MLX"}
 IMPORT_SHARE = 0.4  # of the load's progress bar, when a GGUF draft is imported to MLX first
+LOADS_SHARE = 0.9  # of the load's progress bar; the calibration comes after
+CALIBRATION_FRACTION = 0.92
+
+LoadProgressReport = Callable[[float, str], None]  # (fraction 0..1, what is being done)
+ImportReport = Callable[[Path, "ImportProgress"], None]  # (the GGUF being imported, how far)
 
 
 @dataclass
 class LoadedPair:
-    """The models in memory and the decoders built on them."""
+    """The models in memory and the decoders built on them; closes both when done.
+
+    Usable as a context manager (``with open_pair(request) as pair: ...``).
+    """
 
     request: LoadRequest
     main: ModelEngine
@@ -73,37 +111,150 @@ class LoadedPair:
             self.decoders[key] = decoder
         return decoder
 
+    @contextmanager
+    def open_trial_draft(self, info: ModelInfo) -> Iterator[ModelEngine]:
+        """A draft model for the tuner's trials, loaded as this pair's draft was, closed after.
+
+        The pair's own draft is passed back as it is: not loaded twice, not closed.
+        """
+        if self.draft is not None and str(info.path) == self.request.draft_path:
+            yield self.draft
+            return
+        draft = open_engine(
+            self.request.engine,
+            Path(info.path),
+            n_ctx=self.request.n_ctx,
+            settings=self.request.risky,
+            is_draft=True,
+            draft_weights=self.request.draft_weights,
+        )
+        try:
+            yield draft
+        finally:
+            draft.close()
+
+    def answer(
+        self,
+        messages: Sequence[ChatMessage],
+        settings: GenerationSettings,
+        *,
+        method: SpeculationMethod | None = None,
+        compare: bool = False,
+        observer: RunObserver | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Answer:
+        """Answer a conversation with ``method`` (None: the pair's), streamed to ``observer``.
+
+        With ``compare`` the main model alone answers it after, from the same cached prefix
+        (:func:`backends.service.pair_runs.answer`).
+        """
+        decoder = self.decoder(method or self.request.method, settings.p_min)
+        return answer(
+            decoder, messages, settings, compare=compare, observer=observer, cancel=cancel
+        )
+
+    def compare(
+        self,
+        messages: Sequence[ChatMessage],
+        settings: GenerationSettings,
+        *,
+        method: SpeculationMethod,
+        adaptive: bool = True,
+        warmup: bool = True,
+    ) -> Comparison:
+        """Plain then speculative decoding of one prompt, each from empty caches, timed.
+
+        The benchmark's comparison (:func:`backends.service.pair_runs.compare_from_empty`);
+        ``adaptive`` False drafts the maximum length every round.
+        """
+        return compare_from_empty(
+            self.main,
+            self.draft,
+            messages,
+            settings,
+            method=method,
+            adaptive=adaptive,
+            warmup=warmup,
+            costs=self.costs,
+        )
+
+    def recall_tuning(self, memory: TuningMemory | None = None) -> Recall | None:
+        """The fastest setup remembered for this main model and machine, if any."""
+        return recall_tuning(tuning_key(self.request, self.main), memory)
+
+    def tune(
+        self,
+        drafts: Sequence[ModelInfo],
+        prompts: Sequence[TrialPrompt],
+        *,
+        budget_seconds: float,
+        remember: bool = True,
+        memory: TuningMemory | None = None,
+        progress: TuningProgress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> TuningRun:
+        """Every setup's trials on the main model, ``drafts`` lent by :meth:`open_trial_draft`.
+
+        Remembered for this main model and machine unless cancelled or ``remember`` is
+        False (:func:`backends.service.pair_tuning.tune`); the pair is left as it was.
+        """
+        return tune(
+            self.main,
+            self.open_trial_draft,
+            tuning_key(self.request, self.main),
+            drafts,
+            prompts,
+            budget_seconds=budget_seconds,
+            costs=self.costs,
+            remember=remember,
+            memory=memory,
+            progress=progress,
+            cancel=cancel,
+        )
+
     def close(self) -> None:
+        """Free both models."""
         if self.draft is not None:
             self.draft.close()
         self.main.close()
 
+    def __enter__(self) -> LoadedPair:
+        return self
 
-LoadProgressReport = Callable[[float, str], None]  # (fraction 0..1, what is being done)
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
-def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) -> LoadedPair:
-    """Check and load the pair a request names; calibrate auto's planner on it.
+@dataclass(frozen=True)
+class PairFiles:
+    """What a request's model files say, checked: readable, loadable, compatible."""
 
-    Raises a one-line SpecDeckError for a wrong model format, an incompatible pair or a
-    pair far bigger than the free memory. ``progress`` hears of both loads (0..0.9) and of
-    the calibration (0.92).
+    main: ModelInfo
+    draft: ModelInfo | None
+    # A compatible GGUF draft for an MLX main model: imported to MLX when the pair loads.
+    import_draft: bool = False
+
+
+def check_files(request: LoadRequest) -> PairFiles:
+    """Read both models' files and check that the engine can load them as a pair.
+
+    Raises a one-line SpecDeckError for a missing or broken file, a wrong model format or
+    an incompatible pair. Loads nothing.
     """
     main_info = read_catalog_model(request.main_path)
     draft_info = read_catalog_model(request.draft_path) if request.draft_path else None
-    draft_path = request.draft_path
-    loads_start = 0.0  # where the loads begin on the progress scale (after an import)
-    # A compatible GGUF draft for an MLX main model: imported (once; later loads reuse it).
-    if (
+    import_draft = (
         request.engine == "mlx"
         and draft_info is not None
         and draft_info.format == "gguf"
         and compatibility_problem(main_info, draft_info) is None
-    ):
-        draft_path = str(_import_for_mlx(draft_info, progress))
-        draft_info = read_catalog_model(draft_path)
-        loads_start = IMPORT_SHARE
-    for info in (main_info, draft_info):
+    )
+    for info in (main_info, None if import_draft else draft_info):
         if info is not None and info.format != _FORMAT_OF_ENGINE[request.engine]:
             wanted = _FORMAT_OF_ENGINE[request.engine]
             raise SettingsError(
@@ -112,14 +263,19 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
             )
     if draft_info is not None:
         check_compatibility(main_info, draft_info)
-    needed = estimate_pair_memory(main_info, draft_info, request.n_ctx)
+    return PairFiles(main_info, draft_info, import_draft)
+
+
+def check_memory(request: LoadRequest, main: ModelInfo, draft: ModelInfo | None) -> None:
+    """Refuse, in one line, a pair far bigger than the free memory."""
+    needed = estimate_pair_memory(main, draft, request.n_ctx)
     if request.workers:
         # The main model's layers are partly elsewhere: this computer's share of them (by
         # the split; by free memory it is known only once the workers are asked).
         local_share = (
             request.layer_split[-1] / sum(request.layer_split) if request.layer_split else 0.0
         )
-        main_part = estimate_pair_memory(main_info, None, request.n_ctx)
+        main_part = estimate_pair_memory(main, None, request.n_ctx)
         needed -= int(main_part * (1.0 - local_share))
     free = available_memory()
     if needed > free * MEMORY_REFUSAL_FACTOR:
@@ -127,6 +283,46 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
             f"not enough memory: the models need about {needed / 2**30:.1f} GB here, "
             f"{free / 2**30:.1f} GB is available; choose smaller models or a smaller context"
         )
+
+
+def crash_safe_request(
+    request: LoadRequest, records: CrashRecords | None = None
+) -> tuple[LoadRequest, str | None]:
+    """The request with the load settings the crash records allow, and why they changed.
+
+    The requested settings, or the safest ones when the requested ones crashed while
+    loading one of its models on this CPU and build; the second value is then the one line
+    that says so (None otherwise). Raises LoadRefusedError when even the safest crashed.
+    """
+    settings, crash = (records or CrashRecords()).choose(request.models, request.risky)
+    note = avoided_crash_note(crash) if crash is not None else None
+    return request.with_risky(settings), note
+
+
+def open_pair(
+    request: LoadRequest,
+    progress: LoadProgressReport | None = None,
+    *,
+    import_progress: ImportReport | None = None,
+) -> LoadedPair:
+    """Check and load the pair a request names; calibrate auto's planner on it.
+
+    Raises a one-line SpecDeckError for a missing or broken file, a wrong model format, an
+    incompatible pair or a pair far bigger than the free memory. The request's load
+    settings are used as they are (:func:`crash_safe_request` chooses them). ``progress``
+    hears of a draft's import (0..0.4), both loads (..0.9) and the calibration (0.92);
+    ``import_progress`` of the import's own stages.
+    """
+    files = check_files(request)
+    main_info, draft_info = files.main, files.draft
+    draft_path = request.draft_path
+    loads_start = 0.0  # where the loads begin on the progress scale (after an import)
+    if files.import_draft and draft_info is not None:
+        draft_path = str(_import_draft(draft_info, progress, import_progress))
+        draft_info = read_catalog_model(draft_path)
+        check_compatibility(main_info, draft_info)
+        loads_start = IMPORT_SHARE
+    check_memory(request, main_info, draft_info)
     main_share = main_info.file_size / (
         main_info.file_size + (draft_info.file_size if draft_info else 0)
     )
@@ -135,7 +331,7 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
         if progress is None:
             return None
         report = progress
-        span = 0.9 - loads_start
+        span = LOADS_SHARE - loads_start
         return lambda fraction: report(loads_start + span * (start + share * fraction), what)
 
     main = open_engine(
@@ -162,7 +358,7 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
         pair = LoadedPair(request, main, draft)
         if request.method == "auto":
             if progress is not None:
-                progress(0.92, "measuring batch costs")
+                progress(CALIBRATION_FRACTION, "measuring batch costs")
             checkpoint("calibration", request.main_path, safe=request.risky == SAFEST)
             pair.decoder(request.method, DEFAULT_P_MIN).prepare()
     except BaseException:
@@ -173,12 +369,32 @@ def open_pair(request: LoadRequest, progress: LoadProgressReport | None = None) 
     return pair
 
 
-def _import_for_mlx(info: ModelInfo, progress: LoadProgressReport | None) -> Path:
-    """The MLX import of a GGUF draft, made now if it is not there yet."""
+def mlx_import(path: Path, progress: ImportReport | None = None) -> Path:
+    """A GGUF file's MLX import, made now if it is not there yet; anything else as it is."""
+    if not (path.is_file() and path.suffix.lower() == ".gguf"):
+        return path  # an MLX folder, or a path the checks will name as missing or broken
+    return _ensure_import(path, progress)
+
+
+def _import_draft(
+    info: ModelInfo, progress: LoadProgressReport | None, stages: ImportReport | None
+) -> Path:
+    """The MLX import of a GGUF draft, reported on the load's progress scale."""
+
+    def report(path: Path, event: ImportProgress) -> None:
+        if progress is not None:
+            progress(IMPORT_SHARE * event.fraction, f"importing {info.name} to MLX")
+        if stages is not None:
+            stages(path, event)
+
+    return _ensure_import(Path(info.path), report)
+
+
+def _ensure_import(path: Path, progress: ImportReport | None) -> Path:
     from backends.models.gguf_to_mlx import ensure_mlx_import
 
     def report(event: ImportProgress) -> None:
         if progress is not None:
-            progress(IMPORT_SHARE * event.fraction, f"importing {info.name} to MLX")
+            progress(path, event)
 
-    return ensure_mlx_import(Path(info.path), report)
+    return ensure_mlx_import(path, report)

@@ -17,6 +17,7 @@ from backends.engines.draft_weights import DraftWeights, check_draft_weights
 from backends.engines.interface import DEFAULT_CONTEXT_SIZE, ChatMessage
 from backends.engines.load_guard import RiskySettings
 from backends.engines.rpc import parse_split, parse_workers
+from backends.engines.selection import ENGINE_KINDS, EngineKind
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES, WeightRepacking
 from backends.errors import SettingsError
 from backends.speculation.methods import DEFAULT_METHOD, SpeculationMethod, parse_method
@@ -28,8 +29,6 @@ from backends.speculation.types import (
     TokenOrigin,
 )
 
-EngineKind = Literal["llama.cpp", "mlx"]
-ENGINE_KINDS: tuple[EngineKind, ...] = ("llama.cpp", "mlx")
 RunKind = Literal["speculative", "plain"]  # plain = the main model alone, for comparison
 
 DEFAULT_CONTEXT = DEFAULT_CONTEXT_SIZE

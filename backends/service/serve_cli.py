@@ -6,7 +6,7 @@
     specdeck serve --rpc 10.0.0.5:50052,10.0.0.6:50052  # the main model on two workers
 
 The port opens at once; requests get 503 ("the models are still loading") until the pair
-is loaded, then run one at a time (see :mod:`backends.service.api_server`). One line per
+is loaded, then run one at a time (see :mod:`backends.service.api`). One line per
 served request goes to stderr: tok/s, acceptance and the draft-token counts. Ctrl+C stops
 after the running round.
 """
@@ -27,32 +27,28 @@ from backends.engines.draft_weights import DRAFT_WEIGHT_MODES
 from backends.engines.interface import DEFAULT_CONTEXT_SIZE
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SpecDeckError
-from backends.models.catalog import read_catalog_model
-from backends.models.compat import check_compatibility
-from backends.service.api_server import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    ApiServer,
-    PairWorker,
-    ServedModel,
-    ServerSettings,
+from backends.service.api.app import DEFAULT_HOST, DEFAULT_PORT, ApiServer, ServerSettings
+from backends.service.api.jobs import ServedModel
+from backends.service.api.worker import PairWorker
+from backends.service.generation_options import (
+    add_generation_arguments,
+    generation_options_from_args,
+    generation_settings,
 )
-from backends.service.loaded_pair import LoadedPair, open_pair
+from backends.service.loaded_pair import (
+    LoadedPair,
+    check_files,
+    crash_safe_request,
+    open_pair,
+)
 from backends.service.protocol import ENGINE_KINDS, LoadRequest
 from backends.service.worker_cli import add_worker_options, worker_options
 from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
-from backends.speculation.sampling import SamplingSettings
-from backends.speculation.types import (
-    DEFAULT_DRAFT_MAX,
-    DEFAULT_DRAFT_MIN,
-    DEFAULT_LOOKUP_DRAFT_MAX,
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_P_MIN,
-    GenerationSettings,
-)
+from backends.speculation.types import DEFAULT_MAX_TOKENS
 
 if TYPE_CHECKING:
-    from backends.service.api_server import ApiJob
+    from backends.service.api.jobs import ApiJob
+    from backends.service.generation_options import GenerationOptions
     from backends.speculation.types import SpeculationStats
 
 PROG = "specdeck serve"
@@ -107,35 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_worker_options(parser)
     defaults = parser.add_argument_group("generation defaults (a request may override them)")
-    defaults.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
-    defaults.add_argument("--temperature", type=float, default=0.0)
-    defaults.add_argument("--top-k", type=int, default=0, help="0 = off")
-    defaults.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
-    defaults.add_argument("--min-p", type=float, default=0.0, help="0.0 = off")
-    defaults.add_argument("--seed", type=int, default=None)
-    defaults.add_argument("--draft-max", type=int, default=DEFAULT_DRAFT_MAX)
-    defaults.add_argument("--draft-min", type=int, default=DEFAULT_DRAFT_MIN)
-    defaults.add_argument("--p-min", type=float, default=DEFAULT_P_MIN)
-    defaults.add_argument("--lookup-draft-max", type=int, default=DEFAULT_LOOKUP_DRAFT_MAX)
+    add_generation_arguments(defaults, max_tokens=DEFAULT_MAX_TOKENS)
     parser.add_argument("--debug", action="store_true", help="log every request and the engine")
     return parser
 
 
-def _defaults(args: argparse.Namespace) -> GenerationSettings:
-    return GenerationSettings(
-        max_tokens=args.max_tokens,
-        sampling=SamplingSettings(
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            min_p=args.min_p,
-            seed=args.seed,
-        ),
-        draft_max=args.draft_max,
-        draft_min=args.draft_min,
-        p_min=args.p_min,
-        lookup_draft_max=args.lookup_draft_max,
-    )
+def generation_defaults(args: argparse.Namespace) -> GenerationOptions:
+    """The flags' generation options, under every request's own; SettingsError if impossible."""
+    defaults = generation_options_from_args(args)
+    generation_settings(defaults)  # an impossible flag is said before the port opens
+    return defaults
 
 
 def _model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
@@ -226,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("backends.engines.llama.native").setLevel(logging.ERROR)
     try:
         method = parse_method(args.method)
-        defaults = _defaults(args)
+        defaults = generation_defaults(args)
         settings = ServerSettings(
             host=args.host,
             port=args.port,
@@ -234,10 +211,6 @@ def main(argv: list[str] | None = None) -> int:
             cors_origins=tuple(args.cors_origin),
         )
         main_path, draft_path = _model_paths(args)
-        # Missing, corrupt or mismatched files: said before the port opens.
-        main_info = read_catalog_model(main_path)
-        if draft_path is not None:
-            check_compatibility(main_info, read_catalog_model(draft_path))
         workers, layer_split = worker_options(args)
         request = LoadRequest(
             main_path=str(main_path),
@@ -252,9 +225,15 @@ def main(argv: list[str] | None = None) -> int:
             layer_split=layer_split,
             draft_weights=args.draft_weights,
         )
+        # Missing, corrupt or mismatched files, and a load that crashed even with the
+        # safest settings: said before the port opens.
+        check_files(request)
+        request, avoided_crash = crash_safe_request(request)
     except SpecDeckError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
+    if avoided_crash is not None:
+        print(f"{PROG}: {avoided_crash}", file=sys.stderr, flush=True)
 
     def load() -> tuple[LoadedPair, ServedModel, ServedModel | None]:
         pair = open_pair(request)

@@ -1,17 +1,17 @@
 """``specdeck-bench --tune``: find the fastest setup for a main model on this machine.
 
-Loads the main model, lists every local model with its verdict as a draft (the reason in
-one line for each that cannot draft), runs :class:`~backends.service.tuning.SetupTuner`
-over plain decoding, the n-gram methods, auto and every compatible draft within the time
-budget, prints the ranking with the theory's prediction beside each measurement, and
-remembers the result for this main model and machine. A remembered result is shown again
+On the main model loaded by the pair service, lists every local model with its verdict as
+a draft (the reason in one line for each that cannot draft), runs the service's trials
+(:mod:`backends.service.pair_tuning`) over plain decoding, the n-gram methods, auto and
+every compatible draft within the time budget, prints the ranking with the theory's
+prediction beside each measurement, and remembers the result for this main model and
+machine. A remembered result is shown again
 instead of measuring while the model file, CPU, device, build and threads stay the same
 (``--again`` measures anyway).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
@@ -21,50 +21,38 @@ from typing import TYPE_CHECKING, TextIO
 
 from backends.engines.hardware import available_memory
 from backends.engines.interface import ChatMessage
-from backends.engines.selection import open_engine
 from backends.models.catalog import read_catalog_model, scan_models
 from backends.models.draft_verdict import draft_verdicts
-from backends.service.tuning import (
-    SetupTuner,
-    TrialPrompt,
-    candidate_setups,
-    device_words,
-    trial_prompts,
-    winner,
-)
-from backends.service.tuning_memory import RememberedTuning, TuningMemory, machine_key
+from backends.service.tuning import TrialPrompt, trial_prompts, winner
+from backends.service.tuning_memory import TuningMemory
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Sequence
 
-    from backends.engines.draft_weights import DraftWeights
-    from backends.engines.interface import ModelEngine
-    from backends.engines.load_guard import RiskySettings
     from backends.models.draft_verdict import DraftVerdict
     from backends.models.gguf_info import ModelInfo
-    from backends.service.protocol import EngineKind
+    from backends.service.loaded_pair import LoadedPair
     from backends.service.tuning import TuningRow
+    from backends.service.tuning_memory import RememberedTuning
 
 
 def run_tune(
-    main_path: Path,
+    pair: LoadedPair,
     drafts: Sequence[Path] | None,
     *,
     budget_seconds: float,
     prompt: str | None,
     again: bool,
-    n_ctx: int,
-    engine: EngineKind,
-    load_settings: RiskySettings,
     memory: TuningMemory | None = None,
     progress: TextIO | None = None,
-    draft_weights: DraftWeights = "auto",
 ) -> tuple[RememberedTuning, list[DraftVerdict], bool]:
-    """Tune (or recall) for ``main_path``; returns the result, the verdicts, and if recalled.
+    """Tune (or recall) for the pair's main model; the result, the verdicts, and if recalled.
 
     ``drafts`` None: every other model in the default folders is a candidate; else only
-    those. ``memory`` defaults to the data folder's.
+    those. ``memory`` defaults to the data folder's. A ranking on the user's own ``prompt``
+    is measured anew and not remembered: it speaks for that prompt only.
     """
+    main_path = pair.request.main_path
     main_info = read_catalog_model(main_path)
     if drafts is None:  # every local model but the main model itself
         candidates: list[ModelInfo] = [
@@ -73,54 +61,41 @@ def run_tune(
     else:  # as given (the main model itself too: self-speculation, when asked for)
         candidates = [read_catalog_model(path) for path in drafts]
     memory = memory or TuningMemory()
-    main = open_engine(engine, main_path, n_ctx=n_ctx, settings=load_settings)
-    try:
-        verdicts = draft_verdicts(
-            main_info, candidates, free_memory=available_memory(), n_ctx=n_ctx, main_loaded=True
+    verdicts = draft_verdicts(
+        main_info,
+        candidates,
+        free_memory=available_memory(),
+        n_ctx=pair.request.n_ctx,
+        main_loaded=True,
+    )
+    recall = pair.recall_tuning(memory)
+    if recall is not None and recall.current and not again and prompt is None:
+        return recall.tuning, verdicts, True
+    if recall is not None and not recall.current and progress is not None:
+        print(
+            f"measuring again: the last result was measured with {'; '.join(recall.changes)}",
+            file=progress,
         )
-        key = machine_key(main_path, main.load_report, engine)
-        recall = memory.recall(key)
-        if recall is not None and recall.current and not again and prompt is None:
-            return recall.tuning, verdicts, True
-        if recall is not None and not recall.current and progress is not None:
-            print(
-                f"measuring again: the last result was measured with {'; '.join(recall.changes)}",
-                file=progress,
-            )
 
-        @contextlib.contextmanager
-        def open_draft(info: ModelInfo) -> Iterator[ModelEngine]:
-            draft = open_engine(
-                engine,
-                Path(info.path),
-                n_ctx=n_ctx,
-                settings=load_settings,
-                is_draft=True,
-                draft_weights=draft_weights,
-            )
-            try:
-                yield draft
-            finally:
-                draft.close()
+    def report(fraction: float, message: str) -> None:
+        if progress is not None:
+            print(f"  {fraction:4.0%}  {message}", file=progress, flush=True)
 
-        def report(fraction: float, message: str) -> None:
-            if progress is not None:
-                print(f"  {fraction:4.0%}  {message}", file=progress, flush=True)
-
-        tuner = SetupTuner(main, open_draft, progress=report, device=device_words(main))
-        usable = [verdict.draft for verdict in verdicts if verdict.can_draft]
-        prompts = (
-            [TrialPrompt("your prompt", (ChatMessage("user", prompt),))]
-            if prompt is not None
-            else trial_prompts()
-        )
-        outcome = tuner.run(candidate_setups(usable), prompts, budget_seconds=budget_seconds)
-        result = RememberedTuning.of(key, outcome)
-        if prompt is None and not outcome.cancelled:
-            memory.remember(result)
-        return result, verdicts, False
-    finally:
-        main.close()
+    usable = [verdict.draft for verdict in verdicts if verdict.can_draft]
+    prompts = (
+        [TrialPrompt("your prompt", (ChatMessage("user", prompt),))]
+        if prompt is not None
+        else trial_prompts()
+    )
+    run = pair.tune(
+        usable,
+        prompts,
+        budget_seconds=budget_seconds,
+        remember=prompt is None,
+        memory=memory,
+        progress=report,
+    )
+    return run.tuning, verdicts, False
 
 
 def _percent(value: float | None) -> str:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from backends.engines.interface import ChatMessage
 from backends.errors import SettingsError
 from backends.service.suite_prompts import SUITE_PROMPTS
+from backends.speculation import estimates
 from backends.speculation.methods import build_decoder
 from backends.speculation.planner import DRAFT_CALIBRATION_SIZES, CostCache
 from backends.speculation.sampling import SamplingSettings
@@ -144,13 +145,13 @@ def expected_tokens(acceptance: Sequence[float], length: int) -> float:
 
     ``acceptance[i]`` is the conditional acceptance at position i (the share of drafts that
     reached it whose token there was kept); positions past the measured ones take the last.
+    The formula is the planner's (:func:`backends.speculation.estimates.expected_tokens`).
     """
-    total, reach = 1.0, 1.0
-    for position in range(length):
-        alpha = acceptance[min(position, len(acceptance) - 1)] if acceptance else 0.0
-        reach *= alpha
-        total += reach
-    return total
+    rates = (
+        acceptance[min(position, len(acceptance) - 1)] if acceptance else 0.0
+        for position in range(length)
+    )
+    return estimates.expected_tokens(estimates.reach_chances(rates))[-1]
 
 
 def predict_speedup(

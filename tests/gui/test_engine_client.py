@@ -10,7 +10,7 @@ from backends.engines.interface import ChatMessage
 from backends.engines.load_guard import CRASH_AT_ENV
 from backends.service.protocol import GenerateRequest, LoadRequest
 from backends.speculation.types import GenerationSettings, TokenOrigin
-from gui.engine_client import EngineClient, EngineDeath, LoadedPair
+from gui.engine_client import EngineClient, EngineDeath, PairReport
 from tests.gui.conftest import engine_wait
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def _loaded_client(qtbot: QtBot, request: LoadRequest) -> EngineClient:
     client = EngineClient()
     with engine_wait(qtbot, client, client.loaded, LOAD_TIMEOUT_MS) as blocker:
         client.load(request)
-    assert isinstance(blocker.args[0], LoadedPair)
+    assert isinstance(blocker.args[0], PairReport)
     return client
 
 

@@ -11,7 +11,12 @@ import pytest
 import gui.settings as settings_module
 from backends.errors import SettingsError
 from backends.paths import user_data_dir
-from backends.speculation.types import DEFAULT_DRAFT_MAX, DEFAULT_MAX_TOKENS, DEFAULT_P_MIN
+from backends.speculation.types import (
+    DEFAULT_DRAFT_MAX,
+    DEFAULT_DRAFT_MIN,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_P_MIN,
+)
 from gui.settings import (
     SETTINGS,
     SETTINGS_VERSION,
@@ -276,6 +281,9 @@ def test_generation_settings_mapping(settings_path: Path) -> None:
     assert default.draft_max == DEFAULT_DRAFT_MAX
     assert default.p_min == DEFAULT_P_MIN
     assert default.max_tokens == DEFAULT_MAX_TOKENS
+    assert default.verification == "rejection"  # no seed: rejection sampling
+    assert default.sampling.min_p == 0.0
+    assert default.draft_min == DEFAULT_DRAFT_MIN
 
     settings.set("temperature", 0.8)
     settings.set("top_p", 0.9)
@@ -285,6 +293,8 @@ def test_generation_settings_mapping(settings_path: Path) -> None:
     settings.set("draft_max", 8)
     settings.set("p_min", 0.5)
     settings.set("max_tokens", 1000)
+    settings.set("min_p", 0.1)
+    settings.set("draft_min", 2)
     mapped = generation_settings(settings)
     assert mapped.sampling.temperature == pytest.approx(0.8)
     assert mapped.sampling.top_p == pytest.approx(0.9)
@@ -294,6 +304,12 @@ def test_generation_settings_mapping(settings_path: Path) -> None:
     assert mapped.draft_max == 8
     assert mapped.p_min == pytest.approx(0.5)
     assert mapped.max_tokens == 1000
+    assert mapped.sampling.min_p == pytest.approx(0.1)
+    assert mapped.draft_min == 2
+    # The one seed policy of window and API: a seed asks for the main model's own sample.
+    assert mapped.verification == "sample-match"
+    settings.set("draft_max", 1)  # a min above the max follows it down, never an error
+    assert generation_settings(settings).draft_min == 1
 
 
 def test_seed_zero_is_a_real_seed(settings_path: Path) -> None:

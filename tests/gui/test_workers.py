@@ -11,7 +11,8 @@ from PySide6.QtWidgets import QLineEdit
 
 from backends.engines.rpc import REPLY_TIMEOUT_ENV
 from backends.errors import SettingsError
-from gui.main_window import RELOAD_TEXT, MainWindow
+from gui.crash_banner import RELOAD_TEXT
+from gui.main_window import MainWindow
 from gui.worker_loss import mentions_rpc_failure
 from tests.gui.conftest import assert_partial_answer_kept, engine_wait, smollm_pair_settings
 from tests.gui.test_main_window import _open_window
