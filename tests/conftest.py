@@ -17,10 +17,49 @@ from backends.models.provision import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
     from pathlib import Path
 
+pytest_plugins = ["pytester"]  # tests/test_architecture.py runs the marker check on a test file
+
 TEST_CONTEXT = 2048
+# The fixtures that need the default Qwen2.5-Coder pair's files (the engines need the paths).
+# A test that uses one, directly or through another fixture, must say so with
+# ``@pytest.mark.default_pair``: ``scripts/test --quick`` leaves those out, and a setup for the
+# quick tier does not fetch the pair. Collection fails on a test that does not say so.
+DEFAULT_PAIR_FIXTURES = frozenset({"qwen_main_path", "qwen_draft_path"})
+DEFAULT_PAIR_MARKER = "default_pair"
+
+
+def default_pair_fixtures_of(item: pytest.Item) -> set[str]:
+    """The default pair's fixtures ``item`` uses: asked for (directly or through fixtures) or
+    named by a parameter (for ``request.getfixturevalue``)."""
+    names = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        names |= {value for value in callspec.params.values() if isinstance(value, str)}
+    return names & DEFAULT_PAIR_FIXTURES
+
+
+def unmarked_default_pair_tests(items: Sequence[pytest.Item]) -> list[str]:
+    """The tests among ``items`` that use the default pair's fixtures without the marker."""
+    return [
+        f"{item.nodeid} (uses {', '.join(sorted(used))})"
+        for item in items
+        if (used := default_pair_fixtures_of(item))
+        and item.get_closest_marker(DEFAULT_PAIR_MARKER) is None
+    ]
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the quick tier checks every test too
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse to run when a test loads the default pair without the ``default_pair`` marker."""
+    unmarked = unmarked_default_pair_tests(items)
+    if unmarked:
+        raise pytest.UsageError(
+            f"these tests need the default pair but lack @pytest.mark.{DEFAULT_PAIR_MARKER} "
+            "(scripts/test --quick would run them): " + "; ".join(unmarked)
+        )
 
 
 @pytest.fixture(scope="session")

@@ -1,20 +1,55 @@
 """House rules that keep the layers apart, checked on every module of every sub-package.
 
-backends/ never imports Qt or the GUI; no import cycle inside backends/ (types → drafters →
-planner → loop, and so on) or inside gui/; a module docstring in every Python file.
+backends/ never imports Qt or the GUI; its packages import only downwards in the declared
+order of ``BACKEND_LAYERS`` (and the modules of engines/ and speculation/ in theirs); no
+import cycle inside backends/ or inside gui/; a module docstring in every Python file.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ROOT / "backends"
 FORBIDDEN = ("PySide6", "PyQt5", "PyQt6", "shiboken6", "gui")
 CHECKED_FOLDERS = ("backends", "gui", "tests", "benchmarks", "packaging")
+
+# The layers of backends/, lowest first, as in an import-linter "layers" contract: a module
+# imports only from its own package, from packages of lower layers, or from nothing of
+# backends/. Names in one layer are independent: neither imports the other. A name stands for
+# the module and everything under it; a module belongs to the longest name that covers it.
+BACKEND_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("backends.errors", "backends.paths"),  # the error types and the folders
+    ("backends.models.gguf_info",),  # reading a GGUF file's metadata (engines load with it)
+    ("backends.models.mlx_info",),  # reading an MLX model folder's
+    ("backends.engines",),  # a loaded model behind one engine-neutral interface
+    # The speculative loop on any engine; the models on disk: catalog, provisioning,
+    # compatibility, which draft suits which main model (it needs the hardware's facts).
+    ("backends.speculation", "backends.models"),
+    ("backends.service",),  # the pair service and its front ends: engine process, API, CLIs
+)
+# The modules of backends/engines/, lowest first: the engine-neutral interface knows no
+# engine, no engine knows the selection that picks it.
+ENGINE_ORDER = (
+    "interface",
+    "hardware",
+    "weight_placement",
+    "load_guard",
+    "rpc",
+    "draft_weights",
+    "chat_template",
+    "base",
+    "llama",
+    "mlx",
+    "rpc_worker",
+    "selection",
+)
 
 
 def backend_modules(top: str = "backends") -> dict[str, Path]:
@@ -104,6 +139,97 @@ def test_the_speculation_layers_only_import_downwards() -> None:
     for lower, module in enumerate(order):
         higher = {f"backends.speculation.{name}" for name in order[lower + 1 :]}
         assert not graph[f"backends.speculation.{module}"] & higher, module
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    """The index in BACKEND_LAYERS of the layer ``module`` belongs to, and the name covering it."""
+    covering = [
+        (index, name)
+        for index, layer in enumerate(BACKEND_LAYERS)
+        for name in layer
+        if module == name or module.startswith(name + ".")
+    ]
+    assert covering, f"{module} belongs to no layer: declare it in BACKEND_LAYERS"
+    return max(covering, key=lambda found: len(found[1]))
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of ``graph`` that goes up BACKEND_LAYERS or across one of its layers."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        if module == "backends":
+            continue
+        level, name = layer_of(module)
+        for target in sorted(targets - {"backends"}):
+            target_level, target_name = layer_of(target)
+            if target_level > level or (target_level == level and target_name != name):
+                found.append(f"{module} imports {target}")
+    return found
+
+
+def test_the_packages_of_backends_only_import_downwards() -> None:
+    assert layering_violations(import_graph()) == []
+
+
+def test_the_layer_check_sees_an_upward_and_a_sideways_import() -> None:
+    graph = {
+        "backends.engines.selection": {"backends.service.protocol", "backends.errors"},
+        "backends.models.catalog": {"backends.speculation.types", "backends.models.gguf_info"},
+        "backends.service.bench": {"backends.engines.llama", "backends.models.catalog"},
+    }
+    assert layering_violations(graph) == [
+        "backends.engines.selection imports backends.service.protocol",
+        "backends.models.catalog imports backends.speculation.types",
+    ]
+
+
+def test_every_backend_module_belongs_to_a_layer() -> None:
+    assert all(layer_of(module) for module in backend_modules() if module != "backends")
+    engines = {
+        name.removeprefix("backends.engines.")
+        for name in backend_modules()
+        if name.startswith("backends.engines.")
+    }
+    assert engines == set(ENGINE_ORDER), "declare every engines module in ENGINE_ORDER"
+
+
+def test_the_engine_modules_only_import_downwards() -> None:
+    graph = import_graph()
+    for lower, module in enumerate(ENGINE_ORDER):
+        higher = {f"backends.engines.{name}" for name in ENGINE_ORDER[lower + 1 :]}
+        assert not graph[f"backends.engines.{module}"] & higher, module
+    # The interface is the floor: an engine-neutral layer above it never sees an engine's types.
+    assert not {
+        name for name in graph["backends.engines.interface"] if name.startswith("backends.engines")
+    }
+
+
+def test_a_test_that_needs_the_default_pair_must_say_so(pytester: pytest.Pytester) -> None:
+    # tests/conftest.py refuses the run, so that scripts/test --quick never loads the pair.
+    pytester.makeconftest(
+        "from tests.conftest import pytest_collection_modifyitems, qwen_main_path, qwen_draft_path"
+    )
+    pytester.makepyfile(
+        test_pair="""
+        import pytest
+
+        @pytest.fixture
+        def through(qwen_draft_path):
+            return qwen_draft_path
+
+        def test_asks(qwen_main_path): ...
+        def test_through_a_fixture(through): ...
+        @pytest.mark.parametrize("name", ["qwen_main_path", "other"])
+        def test_by_name(request, name): ...
+        @pytest.mark.default_pair
+        def test_marked(qwen_main_path): ...
+        def test_without_the_pair(): ...
+        """
+    )
+    refused = pytester.runpytest_inprocess("--collect-only", "-q", "-p", "no:cacheprovider")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    named = re.findall(r"test_pair\.py::(\S+)", refused.stderr.str())
+    assert named == ["test_asks", "test_through_a_fixture", "test_by_name[qwen_main_path]"]
 
 
 def test_importing_every_backend_module_loads_no_qt() -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import gguf
 import numpy as np
+import pytest
 
 from backends.models.catalog import (
     CatalogScan,
@@ -19,8 +20,6 @@ from backends.models.gguf_info import read_model_info
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    import pytest
 
 
 def write_tiny_gguf(path: Path, *, general_type: str = "model", split_max_tensors: int = 0) -> None:
@@ -42,6 +41,7 @@ def resolved_paths(scan: CatalogScan) -> set[str]:
     return {os.path.realpath(info.path) for info in scan.models}
 
 
+@pytest.mark.default_pair
 def test_scan_follows_links_dedupes_and_reports_problems(
     tmp_path: Path, smollm_path: Path, gemma_path: Path, qwen_draft_path: Path
 ) -> None:
@@ -154,6 +154,7 @@ def test_scan_without_folders_uses_the_defaults(
     assert [info.path for info in scan.models] == [own / "smollm.gguf"]
 
 
+@pytest.mark.default_pair
 def test_compatible_drafts_keeps_main_and_gives_reasons(
     qwen_main_path: Path, qwen_draft_path: Path, smollm_path: Path, gemma_path: Path
 ) -> None:

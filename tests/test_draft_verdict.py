@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pytest
+
 from backends.engines.hardware import estimate_model_memory
 from backends.models.catalog import read_catalog_model
 from backends.models.draft_verdict import draft_verdict, draft_verdicts, vision_projector
@@ -12,6 +14,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
+@pytest.mark.default_pair
 def test_the_default_pair_can_draft(qwen_main_path: Path, qwen_draft_path: Path) -> None:
     verdict = draft_verdict(read_catalog_model(qwen_main_path), read_catalog_model(qwen_draft_path))
     assert verdict.can_draft
@@ -20,6 +23,7 @@ def test_the_default_pair_can_draft(qwen_main_path: Path, qwen_draft_path: Path)
     assert verdict.summary.startswith("can draft: same tokenizer")
 
 
+@pytest.mark.default_pair
 def test_another_family_names_both_families_and_vocabularies(
     qwen_main_path: Path, smollm_path: Path, gemma_path: Path
 ) -> None:
@@ -40,6 +44,7 @@ def test_another_family_names_both_families_and_vocabularies(
     assert "\n" not in by_type.summary
 
 
+@pytest.mark.default_pair
 def test_a_draft_bigger_than_the_main_model_will_not_pay(
     qwen_main_path: Path, qwen_draft_path: Path
 ) -> None:
@@ -50,6 +55,7 @@ def test_a_draft_bigger_than_the_main_model_will_not_pay(
     assert verdict.reason.startswith("bigger than the main model (1.5B vs 0.5B)")
 
 
+@pytest.mark.default_pair
 def test_a_draft_that_does_not_fit_names_what_it_needs_and_what_is_free(
     qwen_main_path: Path, qwen_draft_path: Path
 ) -> None:
@@ -83,6 +89,7 @@ def test_a_vision_model_is_named_by_its_projector(tmp_path: Path, smollm_path: P
     assert vision_projector(vision) is None
 
 
+@pytest.mark.default_pair
 def test_the_list_puts_what_can_draft_first_smallest_first(
     qwen_main_path: Path, qwen_draft_path: Path, smollm_path: Path, gemma_path: Path
 ) -> None:

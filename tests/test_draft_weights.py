@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
+@pytest.mark.default_pair
 def test_which_drafts_get_a_q4_0_copy(qwen_draft_path: Path, smollm_path: Path) -> None:
     qwen = read_model_info(qwen_draft_path)
     # The 0.5B's rows of 896 cannot hold K-quants: its "Q4_K_M" takes over 6 bits a weight.
@@ -114,23 +115,25 @@ def test_a_broken_source_or_folder_fails_in_one_line_and_leaves_nothing(
 
 
 def test_a_draft_loads_its_copy_and_speculation_stays_exact(
-    smollm_path: Path, smollm_target: LlamaEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    smollm_path: Path,
+    smollm_target: LlamaEngine,
+    smollm_draft: LlamaEngine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
     settings = LlamaLoadSettings(n_ctx=TEST_CONTEXT)
     with LlamaEngine(smollm_path, settings, is_draft=True) as fast:
         assert any("requantized to Q4_0" in note for note in fast.load_report.notes)
         assert fast.name == smollm_target.name  # named as the model the user picked
-        stored_settings = LlamaLoadSettings(n_ctx=TEST_CONTEXT, draft_weights="stored")
-        with LlamaEngine(smollm_path, stored_settings, is_draft=True) as stored:
-            assert not any("requantized" in note for note in stored.load_report.notes)
-            prompt = smollm_target.tokenize(
-                "def fibonacci(n):", add_special=False, parse_special=False
-            )
-            # Different weights, so different logits: the copy is really what drafts.
-            fast_row = fast.evaluate(prompt, 1)[0].copy()
-            stored_row = stored.evaluate(prompt, 1)[0].copy()
-            assert (fast_row != stored_row).any()
+        stored = smollm_draft  # the same file as stored: draft_weights="stored"
+        assert not any("requantized" in note for note in stored.load_report.notes)
+        prompt = smollm_target.tokenize("def fibonacci(n):", add_special=False, parse_special=False)
+        # Different weights, so different logits: the copy is really what drafts.
+        fast_row = fast.evaluate(prompt, 1)[0].copy()
+        stored.truncate(0)
+        stored_row = stored.evaluate(prompt, 1)[0].copy()
+        assert (fast_row != stored_row).any()
         # The main model still decides every token: the text is plain decoding's.
         generation = GenerationSettings(max_tokens=48, sampling=SamplingSettings(temperature=0.0))
         plain = SpeculativeDecoder(smollm_target)

@@ -173,6 +173,7 @@ def test_an_unedited_copy_is_drafted_as_well_as_prompt_lookup_does() -> None:
     )
 
 
+@pytest.mark.default_pair
 def test_a_rename_on_a_real_model_is_lossless_and_takes_fewer_rounds(
     qwen_main: LlamaEngine,
 ) -> None:

@@ -41,10 +41,10 @@ REAL_MODELS = [
     # parameter range, context length, layers
     ("smollm_path", "llama", "gpt2", 49152, 1, 2, False, "Q4_1", (1.2e8, 1.5e8), 8192, 30),
     ("gemma_path", "gemma3", "llama", 262144, 2, 1, True, "Q4_K_M", (2.5e8, 2.9e8), 32768, 18),
-    ("qwen_main_path", "qwen2", "gpt2", 151936, 151643, 151645, False, "Q4_K_M", (1.4e9, 1.8e9),
-     32768, 28),
-    ("qwen_draft_path", "qwen2", "gpt2", 151936, 151643, 151645, False, "Q4_K_M", (4.5e8, 6.5e8),
-     32768, 24),
+    pytest.param("qwen_main_path", "qwen2", "gpt2", 151936, 151643, 151645, False, "Q4_K_M",
+                 (1.4e9, 1.8e9), 32768, 28, marks=pytest.mark.default_pair),
+    pytest.param("qwen_draft_path", "qwen2", "gpt2", 151936, 151643, 151645, False, "Q4_K_M",
+                 (4.5e8, 6.5e8), 32768, 24, marks=pytest.mark.default_pair),
 ]  # fmt: skip
 
 
@@ -139,6 +139,7 @@ def test_real_model_metadata(
     assert vocab.fingerprint == vocab_fingerprint(vocab.tokens)
 
 
+@pytest.mark.default_pair
 def test_real_model_details(
     smollm_path: Path, gemma_path: Path, qwen_main_path: Path, qwen_draft_path: Path
 ) -> None:
@@ -160,6 +161,7 @@ def test_real_model_details(
     assert "tokens" not in repr(qwen_main.vocab)  # 150k texts stay out of logs
 
 
+@pytest.mark.default_pair
 def test_reading_qwen_metadata_is_fast(qwen_main_path: Path) -> None:
     clear_model_info_cache()
     started = time.perf_counter()
@@ -199,6 +201,7 @@ def with_vocab(info: ModelInfo, **vocab_changes: Any) -> ModelInfo:
     return replace(info, vocab=replace(info.vocab, **vocab_changes))
 
 
+@pytest.mark.default_pair
 def test_qwen_pair_is_compatible(qwen_main_path: Path, qwen_draft_path: Path) -> None:
     main, draft = read_model_info(qwen_main_path), read_model_info(qwen_draft_path)
     assert compatibility_problem(main, draft) is None
@@ -226,6 +229,7 @@ def test_gemma_main_with_smollm_draft_names_the_vocabulary_types(
     assert "main 'Gemma 3 270m' has SPM (llama) with 262,144" in message
 
 
+@pytest.mark.default_pair
 def test_different_vocabulary_sizes_are_named(qwen_main_path: Path, smollm_path: Path) -> None:
     problem = compatibility_problem(read_model_info(qwen_main_path), read_model_info(smollm_path))
     assert problem is not None
@@ -233,6 +237,7 @@ def test_different_vocabulary_sizes_are_named(qwen_main_path: Path, smollm_path:
     assert "differ by 102,784 tokens" in problem
 
 
+@pytest.mark.default_pair
 def test_one_differing_token_is_named(qwen_main_path: Path) -> None:
     main = read_model_info(qwen_main_path)
     tokens = list(main.vocab.tokens)

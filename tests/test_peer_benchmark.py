@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from backends.engines.draft_weights import drafting_file
 from backends.engines.llama import requantize_q4_0
+from backends.models.gguf_info import read_model_info
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.planner import BatchCosts
 from backends.speculation.types import GenerationSettings
@@ -227,27 +229,45 @@ needs_x86_tiled = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(scope="module")
+def qwen_main_repacked(qwen_main_path: Path) -> dict[str, Any]:
+    """The 1.5B loaded as by default (repacking on) in a child: exactness to 17, logit digest."""
+    return run_child(qwen_main_path, "on", 17, {}, exactness_only=True)
+
+
 @needs_x86_tiled
-def test_every_verification_batch_is_exact_with_repacked_weights(qwen_main_path: Path) -> None:
+@pytest.mark.default_pair
+def test_every_verification_batch_is_exact_with_repacked_weights(
+    qwen_main_repacked: dict[str, Any],
+) -> None:
     # Issue 14: with SpecDeck's build the default load (weights repacked) reproduces single
     # steps bit for bit for every probed batch (stock llama.cpp: up to 3 tokens).
-    result = run_child(qwen_main_path, "on", 17, {}, exactness_only=True)
+    result = qwen_main_repacked
     assert (result["exact_batch_limit"], result["all_probed_exact"]) == (17, True)
 
 
 @needs_x86_tiled
+@pytest.mark.default_pair
 def test_the_small_batch_kernels_compute_what_llama_cpps_own_compute(
-    qwen_main_path: Path, qwen_draft_path: Path, tmp_path: Path
+    qwen_main_path: Path,
+    qwen_draft_path: Path,
+    qwen_main_repacked: dict[str, Any],
 ) -> None:
     # Where the CPU has them (AVX2, AVX-512), batches of fewer than 64 rows take SpecDeck's kernels
     # (repacked Q4_K and Q4_0 rows, Q6_K columns) and contiguous weight chunks per thread:
     # every logit of every batch, single steps included, is the one llama.cpp's own paths
     # give. The main model has the Q4_K and Q6_K weights, the draft's copy the Q4_0 ones.
-    draft_copy = tmp_path / "draft.q4_0.gguf"
-    requantize_q4_0(qwen_draft_path, draft_copy)
+    # The Q4_0 copy the draft drafts with, as the draft engine keeps it (made once per cache).
+    draft_copy, _ = drafting_file(
+        read_model_info(qwen_draft_path), "q4_0", on_gpu=False, requantize=requantize_q4_0
+    )
     stock_paths = {"GGML_CPU_SPECDECK_KERNELS": "0"}
     for model in (qwen_main_path, draft_copy):
-        kernels = run_child(model, "on", 17, {}, exactness_only=True)
+        kernels = (
+            qwen_main_repacked
+            if model == qwen_main_path
+            else run_child(model, "on", 17, {}, exactness_only=True)
+        )
         llama_cpps = run_child(model, "on", 17, stock_paths, exactness_only=True)
         assert kernels["logit_digest"] == llama_cpps["logit_digest"], model.name
         assert kernels["all_probed_exact"], model.name
@@ -255,6 +275,7 @@ def test_the_small_batch_kernels_compute_what_llama_cpps_own_compute(
 
 
 @needs_x86_tiled
+@pytest.mark.default_pair
 def test_the_tiled_matmul_from_8_rows_is_what_breaks_bigger_batches(qwen_main_path: Path) -> None:
     # llama.cpp's own threshold back: the Q6_K matmuls turn tiled at 8 rows and batches of 8
     # no longer reproduce single steps; with repacking off too (its Q4_K ones as well).

@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from backends.engines.interface import common_prefix_length
+from backends.speculation.estimates import BatchCosts, ConfidenceKept, PositionAcceptance
 from backends.speculation.planner import (
+    CATCH_UP_HORIZON,
     CONFIDENCE_ROUNDS,
     DRAFT_MODEL_PRIOR,
-    BatchCosts,
-    ConfidenceKept,
+    UNUSED_DRIFT,
     DraftPlanner,
-    PositionAcceptance,
-    RoundPlan,
 )
+from backends.speculation.rounds import Candidate, RoundOutcome, RoundPlan
 from backends.speculation.types import Draft, DrafterStats
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from backends.engines.llama import LlamaEngine
     from backends.speculation.sampling import SamplingSettings
-    from backends.speculation.types import Drafter, DraftStopRule
+    from backends.speculation.types import DraftStopRule
 
 
 @dataclass(eq=False)  # drafters are told apart by identity (the planner keys by them)
@@ -38,7 +38,6 @@ class FixedLookup:
     name: str = "lookup"
     lookup: bool = True
     engine: None = None
-    last_passes: tuple[tuple[int, float], ...] = ()
     stats: DrafterStats = field(default_factory=DrafterStats)
 
     def draft(
@@ -51,9 +50,6 @@ class FixedLookup:
         stop: DraftStopRule | None = None,
     ) -> Draft:
         return Draft(self.proposal[:max_tokens], None, evidence=self.evidence)
-
-    def engine_seconds(self) -> float:
-        return 0.0
 
     def unread(self, context: Sequence[int]) -> int:
         return 0
@@ -75,15 +71,11 @@ class ModelLike:
     # Its costs are given to the planner directly; an engine only says what it has read
     # (a SeenTokens: Any, since the Drafter protocol names a whole ModelEngine).
     engine: Any = None
-    last_passes: tuple[tuple[int, float], ...] = ()
     stats: DrafterStats = field(default_factory=DrafterStats)
     reads_at_most: int | None = None  # a reading window (None: what it has not seen)
 
     def draft(self, *_args: object) -> Draft:
         raise AssertionError("the planner must not draft by itself")
-
-    def engine_seconds(self) -> float:
-        return 0.0
 
     def unread(self, context: Sequence[int]) -> int:
         if self.engine is None:
@@ -97,8 +89,46 @@ def linear(per_token: float, fixed: float = 0.0) -> BatchCosts:
     return BatchCosts({b: fixed + per_token * b for b in (1, 2, 4, 8, 16)})
 
 
-def ask_proposal(drafter: Drafter, max_tokens: int) -> Draft:
-    return drafter.draft([], max_tokens, None, None, None)  # type: ignore[arg-type]
+def offered(
+    planner: DraftPlanner, context: Sequence[int], limits: dict[Any, int]
+) -> list[Candidate]:
+    """What the loop offers the plan: each lookup's proposal, each draft model it is ready for."""
+    candidates = []
+    for drafter in planner.drafters:
+        limit = limits.get(drafter, 0)
+        if limit <= 0:
+            continue
+        if drafter.lookup:
+            proposal = drafter.draft(context, limit, None, None, None)  # type: ignore[arg-type]
+            if proposal.tokens:
+                candidates.append(Candidate(drafter, len(proposal.tokens), proposal))
+        elif planner.draft_model_ready():
+            candidates.append(Candidate(drafter, limit, unread=drafter.unread(context)))
+    return candidates
+
+
+def plan(
+    planner: DraftPlanner,
+    context: Sequence[int],
+    limits: dict[Any, int],
+    exact_chunk: int | None = None,
+    horizon: int = CATCH_UP_HORIZON,
+) -> RoundPlan:
+    """The planner's plan for a round, as the loop asks for it."""
+    return planner.plan(offered(planner, context, limits), exact_chunk, horizon)
+
+
+def verified(
+    chosen: RoundPlan, drafted: int, accepted: int, confidences: Sequence[float] = ()
+) -> RoundOutcome:
+    """A round of ``chosen`` whose draft of ``drafted`` tokens had ``accepted`` accepted."""
+    draft = Draft(list(range(drafted)), None, confidences=list(confidences))
+    return RoundOutcome(chosen, verified=draft, accepted=accepted)
+
+
+def confidence(probability: float) -> RoundOutcome:
+    """The prompt's round: the target's confidence in its own token, nothing planned."""
+    return RoundOutcome(target_confidence=probability)
 
 
 def test_batch_costs_interpolate_extrapolate_and_learn() -> None:
@@ -117,7 +147,7 @@ def test_position_acceptance_chains_conditional_rates() -> None:
     acceptance = PositionAcceptance(prior=0.5)
     for _ in range(200):
         acceptance.observe(drafted=4, accepted=4)
-    reach = acceptance.expected_tokens(4)
+    reach = acceptance.reach(4)
     assert reach[0] == 1.0
     assert reach[4] > 0.9
     fresh = PositionAcceptance(prior=0.5)
@@ -143,9 +173,9 @@ def test_plain_decoding_when_batches_cost_as_much_as_single_steps() -> None:
     planner = DraftPlanner(linear(0.02), [lookup])
     for _ in range(50):
         planner.acceptance(lookup, 20).observe(16, 16)  # even perfect drafts do not pay
-    plan = planner.plan([1, 2, 3], {lookup: 16}, None, ask_proposal)
-    assert plan.drafter is None
-    assert plan.draft_tokens == 0
+    chosen = plan(planner, [1, 2, 3], {lookup: 16})
+    assert chosen.drafter is None
+    assert chosen.draft_tokens == 0
 
 
 def test_long_lookup_drafts_when_batches_are_cheap_and_drafts_good() -> None:
@@ -153,13 +183,13 @@ def test_long_lookup_drafts_when_batches_are_cheap_and_drafts_good() -> None:
     planner = DraftPlanner(linear(0.005, fixed=0.02), [lookup])
     for _ in range(50):
         planner.acceptance(lookup, 20).observe(16, 16)
-    plan = planner.plan([1, 2, 3], {lookup: 16}, None, ask_proposal)
-    assert plan.drafter is lookup
-    assert plan.draft_tokens >= 12
-    assert plan.expected_rate > plan.plain_rate * 2
+    chosen = plan(planner, [1, 2, 3], {lookup: 16})
+    assert chosen.drafter is lookup
+    assert chosen.draft_tokens >= 12
+    assert chosen.expected_rate > chosen.plain_rate * 2
     # Verified in exact chunks of one token, the same drafts no longer pay.
-    plan = planner.plan([1, 2, 3], {lookup: 16}, 1, ask_proposal)
-    assert plan.drafter is None
+    chosen = plan(planner, [1, 2, 3], {lookup: 16}, 1)
+    assert chosen.drafter is None
 
 
 def test_a_long_draft_that_may_break_early_is_verified_in_chunks_where_rows_cost_more() -> None:
@@ -175,44 +205,44 @@ def test_a_long_draft_that_may_break_early_is_verified_in_chunks_where_rows_cost
             # Copies right to the end 3 times in 5, else broken after the first token.
             accepted = 16 if round_number % 5 < 3 else 1
             planner.acceptance(lookup, 20).observe(16, accepted)
-        plan = planner.plan([1, 2, 3], {lookup: 16}, None, ask_proposal)
-        assert plan.drafter is lookup, name
-        assert plan.draft_tokens >= 12, name
-        chunks[name] = plan.verify_chunk
+        chosen = plan(planner, [1, 2, 3], {lookup: 16})
+        assert chosen.drafter is lookup, name
+        assert chosen.draft_tokens >= 12, name
+        chunks[name] = chosen.verify_chunk
         # The chunk the plan names is the one its expected time was computed with.
-        reach = planner.acceptance(lookup, 20).expected_tokens(plan.draft_tokens)
-        one_batch = planner.verify_seconds(plan.draft_tokens, reach, None)
-        chunked = planner.verify_seconds(plan.draft_tokens, reach, plan.verify_chunk)
+        reach = planner.acceptance(lookup, 20).reach(chosen.draft_tokens)
+        one_batch = planner.verify_seconds(chosen.draft_tokens, reach, None)
+        chunked = planner.verify_seconds(chosen.draft_tokens, reach, chosen.verify_chunk)
         assert chunked <= one_batch, name
     assert chunks["cpu"] is not None
     assert chunks["cpu"] <= 4  # 2 breaks in 5 after one token: small first chunks
     assert chunks["gpu"] is None  # chunks would only add passes
     # Never above the engine's bit-exact limit.
     planner = DraftPlanner(cpu, [lookup])
-    assert planner.plan([1, 2, 3], {lookup: 16}, 3, ask_proposal).verify_chunk in (2, 3)
+    assert plan(planner, [1, 2, 3], {lookup: 16}, 3).verify_chunk in (2, 3)
 
 
 def test_draft_model_too_expensive_is_not_used() -> None:
     model = ModelLike()
     # A draft step at 60% of a target step (the default pair on a 2-core CPU).
     planner = DraftPlanner(linear(0.02, 0.005), [model], {model: linear(0.012, 0.003)})
-    plan = planner.plan([1, 2, 3], {model: 3}, None, ask_proposal)
-    assert plan.drafter is None
+    chosen = plan(planner, [1, 2, 3], {model: 3})
+    assert chosen.drafter is None
     # A cheap draft (5% of a target step) with cheap batches pays even before any data.
     planner = DraftPlanner(linear(0.002, 0.02), [model], {model: linear(0.001)})
-    plan = planner.plan([1, 2, 3], {model: 8}, None, ask_proposal)
-    assert plan.drafter is model
-    assert 1 <= plan.draft_tokens <= 8
+    chosen = plan(planner, [1, 2, 3], {model: 8})
+    assert chosen.drafter is model
+    assert 1 <= chosen.draft_tokens <= 8
 
 
 def test_bad_acceptance_turns_a_draft_model_off_and_learns_back() -> None:
     model = ModelLike()
     planner = DraftPlanner(linear(0.002, 0.02), [model], {model: linear(0.001)})
-    plan = planner.plan([1], {model: 4}, None, ask_proposal)
-    assert plan.drafter is model
+    chosen = plan(planner, [1], {model: 4})
+    assert chosen.drafter is model
     for _ in range(40):
-        planner.observe_round(plan, 4, 0, 0, 0.0)
-    assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is None
+        planner.observe(verified(chosen, 4, 0))
+    assert plan(planner, [1], {model: 4}).drafter is None
 
 
 def test_unused_lookup_proposals_are_scored_against_what_followed() -> None:
@@ -221,10 +251,13 @@ def test_unused_lookup_proposals_are_scored_against_what_followed() -> None:
     before = planner.acceptance(lookup, 20).rate(0)
     context = [1, 2, 3]
     for _ in range(30):
-        plan = planner.plan(context, {lookup: 4}, None, ask_proposal)
-        assert plan.drafter is None
-        context = [*context, 7, 8, 9, 10]  # what followed was exactly the proposal
-        planner.score_shadows(context)
+        candidates = offered(planner, context, {lookup: 4})
+        chosen = planner.plan(candidates, None)
+        assert chosen.drafter is None
+        start, context = len(context), [*context, 7, 8, 9, 10]  # exactly the proposal followed
+        planner.observe(
+            RoundOutcome(chosen, candidates, start, verified=Draft([], None), context=context)
+        )
     assert planner.acceptance(lookup, 20).rate(0) > max(before, 0.9)
 
 
@@ -248,11 +281,11 @@ def test_a_draft_model_behind_by_the_prompt_is_still_used() -> None:
     # Charged to one round, reading a 200-token prompt (about 0.9 s) would never pay, and
     # the draft, never used, would fall further behind every round.
     context = list(range(200))
-    plan = planner.plan(context, {model: 3}, None, ask_proposal, horizon=128)
-    assert plan.drafter is model
-    assert plan.draft_tokens == 3
+    chosen = plan(planner, context, {model: 3}, horizon=128)
+    assert chosen.drafter is model
+    assert chosen.draft_tokens == 3
     # Spread over the tokens still to come: with two tokens left it does not pay.
-    assert planner.plan(context, {model: 3}, None, ask_proposal, horizon=2).drafter is None
+    assert plan(planner, context, {model: 3}, horizon=2).drafter is None
 
 
 def test_what_a_draft_model_must_read_is_the_drafters_to_say() -> None:
@@ -267,7 +300,7 @@ def test_what_a_draft_model_must_read_is_the_drafters_to_say() -> None:
         planner = DraftPlanner(target, [model], {model: draft})
         for _ in range(40):
             planner.acceptance(model).observe(3, 3)
-        chosen.append(planner.plan(context, {model: 3}, None, ask_proposal, horizon=32).drafter)
+        chosen.append(plan(planner, context, {model: 3}, horizon=32).drafter)
     assert chosen[0] is None
     assert isinstance(chosen[1], ModelLike)
 
@@ -277,16 +310,16 @@ def test_a_draft_model_that_keeps_stopping_early_is_dropped() -> None:
     draft = BatchCosts({1: 0.029, 2: 0.045, 4: 0.039, 8: 0.07, 16: 0.12})
     model = ModelLike()
     planner = DraftPlanner(target, [model], {model: draft})
-    plan = planner.plan([1], {model: 3}, None, ask_proposal)
-    assert plan.drafter is model
+    chosen = plan(planner, [1], {model: 3})
+    assert chosen.drafter is model
     # Every token it gives is right, but mostly it gives none (p-min stops it): each such
     # round costs a draft pass and a plain step for one token.
     for round_number in range(12):
         drafted = 1 if round_number % 4 == 0 else 0
-        planner.observe_round(plan, drafted, drafted, 0, 0.0)
+        planner.observe(verified(chosen, drafted, drafted))
     assert planner.acceptance(model).rate(0) > 0.75
     assert planner.continuation(model).rate(0) < 0.4
-    assert planner.plan([1], {model: 3}, None, ask_proposal).drafter is None
+    assert plan(planner, [1], {model: 3}).drafter is None
 
 
 def test_a_new_answer_halves_what_the_last_taught_about_the_draft_model() -> None:
@@ -310,15 +343,15 @@ def test_a_new_answer_halves_what_the_last_taught_about_the_draft_model() -> Non
 def test_a_draft_model_waits_for_the_targets_confidence_and_takes_it_as_its_prior() -> None:
     model = ModelLike()
     planner = DraftPlanner(linear(0.002, 0.02), [model], {model: linear(0.001)})
-    assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is model  # no loop: on
+    assert plan(planner, [1], {model: 4}).drafter is model  # no loop: on
     assert planner.acceptance(model).prior == DRAFT_MODEL_PRIOR
     planner.start_answer()
     # The first rounds of an answer measure how sure the target is of its own tokens.
     for _ in range(CONFIDENCE_ROUNDS - 1):
-        planner.observe_target_confidence(0.95)
-        assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is None
-    planner.observe_target_confidence(0.95)
-    assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is model
+        planner.observe(confidence(0.95))
+        assert plan(planner, [1], {model: 4}).drafter is None
+    planner.observe(confidence(0.95))
+    assert plan(planner, [1], {model: 4}).drafter is model
     assert planner.acceptance(model).prior == pytest.approx(0.95)
     assert planner.acceptance(model).rate(0) == pytest.approx(0.95)
 
@@ -334,7 +367,7 @@ def prose_planner(draft_step: float) -> tuple[DraftPlanner, ModelLike]:
     planner = DraftPlanner(target, [model], {model: linear(draft_step, 0.001)})
     planner.start_answer()
     for probability in (0.99, 0.4, 0.7, 0.55, 0.9, 0.6, 0.95, 0.8, 0.7):
-        planner.observe_target_confidence(probability)
+        planner.observe(confidence(probability))
     return planner, model
 
 
@@ -343,18 +376,18 @@ def test_on_prose_the_costs_decide_whether_a_draft_model_pays() -> None:
     planner, model = prose_planner(draft_step=0.011)
     assert planner.acceptance(model).prior == pytest.approx(planner._target_confidence)
     assert 0.6 < planner.acceptance(model).prior < 0.8
-    assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is model
+    assert plan(planner, [1], {model: 4}).drafter is model
     # ...then measured as the 0.5B is on prose: 60 % of its drafts keep the first token,
     # half of those the second, a third of those the third.
     dear, dear_model = prose_planner(draft_step=0.04)
     for index in range(30):
         accepted = (0, 0, 0, 0, 1, 1, 1, 2, 2, 3)[index % 10]
-        planner.observe_round(RoundPlan(model, 3), 3, accepted, 0, 0.0)
-        dear.observe_round(RoundPlan(dear_model, 3), 3, accepted, 0, 0.0)
+        planner.observe(verified(RoundPlan(model, 3), 3, accepted))
+        dear.observe(verified(RoundPlan(dear_model, 3), 3, accepted))
     # A draft step a fifth of a target step: that pays, and the draft model goes on.
-    assert planner.plan([1], {model: 4}, None, ask_proposal).drafter is model
+    assert plan(planner, [1], {model: 4}).drafter is model
     # Three quarters of a target step: it does not, and the draft model rests.
-    assert dear.plan([1], {dear_model: 4}, None, ask_proposal).drafter is None
+    assert plan(dear, [1], {dear_model: 4}).drafter is None
 
 
 def test_confidence_kept_starts_at_the_draft_probability_and_learns() -> None:
@@ -385,9 +418,93 @@ def test_stop_rule_floors_come_from_the_costs() -> None:
     assert rule.kept_chance(1.0) == pytest.approx(0.95)  # the top bucket holds 1.0
     assert planner.stop_rule(planner.drafters[1]) is None  # lookups have none
     # What a round teaches lands in the rule.
-    plan = RoundPlan(model, 3)
+    chosen = RoundPlan(model, 3)
     for _ in range(10):
-        planner.observe_round(plan, 3, 1, 0, 0.0, confidences=[0.9, 0.65, 0.6])
+        planner.observe(verified(chosen, 3, 1, confidences=[0.9, 0.65, 0.6]))
     learnt = planner.stop_rule(model)
     assert learnt is not None
     assert learnt.kept_chance(0.65) < 0.2 < 0.9 < learnt.kept_chance(0.9)
+
+
+def trained_auto_planner() -> tuple[DraftPlanner, ModelLike, FixedLookup]:
+    """A planner for a draft model and a lookup, ten rounds into an answer."""
+    model = ModelLike()
+    lookup = FixedLookup([5, 6, 7, 8], evidence=4)
+    planner = DraftPlanner(linear(0.004, 0.02), [lookup, model], {model: linear(0.002)})
+    planner.start_answer()
+    for probability in (0.9, 0.8, 0.95, 0.7, 0.9, 0.85, 0.9, 0.99, 0.6):
+        planner.observe(confidence(probability))
+    for accepted in (3, 1, 0, 3, 2):
+        planner.observe(verified(RoundPlan(model, 3), 3, accepted, [0.9, 0.7, 0.95]))
+        planner.acceptance(lookup, 4).observe(4, accepted)
+    return planner, model, lookup
+
+
+def planner_state(planner: DraftPlanner) -> str:
+    """Every number the planner plans with, as text."""
+    return repr(
+        (
+            planner.target_costs,
+            planner._draft_costs,
+            planner._acceptance,
+            planner._continuation,
+            [(k.reached, k.kept) for k in planner._kept.values()],
+            planner._overhead,
+            planner._target_confidence,
+            planner._confidence_rounds,
+            planner._shadows,
+        )
+    )
+
+
+def test_a_plan_changes_nothing() -> None:
+    planner, model, lookup = trained_auto_planner()
+    before = planner_state(planner)
+    candidates = offered(planner, [1, 2, 3], {model: 4, lookup: 4})
+    assert {c.drafter for c in candidates} == {model, lookup}
+    first = planner.plan(candidates, 4)
+    assert planner_state(planner) == before
+    assert planner.plan(candidates, 4) == first  # the same estimates give the same plan
+    assert planner.stop_rule(model) == planner.stop_rule(model)
+    assert planner_state(planner) == before
+
+
+def test_one_observation_a_round_in_the_order_the_round_ran() -> None:
+    planner, model, lookup = trained_auto_planner()
+    model_seen = sum(planner.acceptance(model).reached)
+    lookup_seen = sum(planner.acceptance(lookup, 4).reached)
+    context = [1, 2, 3]
+    candidates = offered(planner, context, {lookup: 4})
+    chosen = RoundPlan(None, 0)  # plain decoding: the lookup's proposal becomes a shadow
+    planner.observe(
+        RoundOutcome(chosen, candidates, len(context), [], [(1, 0.05)], 0.5, Draft([], None))
+    )
+    # The draft model sat the round out: its record drifted back towards its prior.
+    assert sum(planner.acceptance(model).reached) == pytest.approx(model_seen * UNUSED_DRIFT)
+    assert planner.target_costs.cost(1) == pytest.approx(0.024 + 0.25 * (0.05 - 0.024))
+    assert planner._confidence_rounds == 10
+    # The proposal waits for the tokens that follow, then is scored against them.
+    assert [s.tokens for s in planner._shadows] == [[5, 6, 7, 8]]
+    context = [*context, 5, 6, 9]
+    planner.observe(RoundOutcome(RoundPlan(None, 0), verified=Draft([], None), context=context))
+    assert planner._shadows == []
+    reached = sum(planner.acceptance(lookup, 4).reached)
+    assert reached == pytest.approx(lookup_seen * 0.98 + 3)  # 2 matched, the 3rd refused
+    # A round cancelled after drafting teaches what the draft cost, and nothing else.
+    learnt = repr((planner._acceptance, planner._continuation, planner._kept, planner._overhead))
+    planner.observe(RoundOutcome(RoundPlan(model, 3), draft_passes=[(2, 0.5)]))
+    assert planner._draft_costs[model].cost(2) == pytest.approx(0.004 + 0.25 * (0.5 - 0.004))
+    assert (
+        repr((planner._acceptance, planner._continuation, planner._kept, planner._overhead))
+        == learnt
+    )
+
+
+def test_the_prior_follows_the_targets_confidence_without_being_asked() -> None:
+    planner, model, _lookup = trained_auto_planner()
+    prior = planner.acceptance(model).prior
+    assert prior == pytest.approx(planner._target_confidence)
+    planner.observe(confidence(0.1))
+    assert planner.acceptance(model).prior == planner.draft_model_prior() < prior
+    planner.start_answer()
+    assert planner.acceptance(model).prior == DRAFT_MODEL_PRIOR

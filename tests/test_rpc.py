@@ -252,6 +252,7 @@ def test_smollm_split_over_two_workers_decodes_exactly_as_plain_with_the_draft_h
                 assert result.stats.accepted_draft_tokens_count > 0
 
 
+@pytest.mark.default_pair
 def test_the_default_pair_with_the_main_model_on_two_workers_is_exact(
     qwen_main_path: Path, qwen_draft_path: Path, two_workers: tuple[Worker, Worker]
 ) -> None:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from backends.engines.llama import LlamaEngine, LlamaLoadSettings
 from backends.errors import SettingsError
 from backends.models.catalog import read_catalog_model
 from backends.service.tuning import (
@@ -30,14 +29,16 @@ from backends.speculation.types import GenerationSettings, SpeculationStats
 from tests.conftest import TEST_CONTEXT
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
+    from contextlib import AbstractContextManager
     from pathlib import Path
 
     from backends.engines.interface import ModelEngine
+    from backends.engines.llama import LlamaEngine
     from backends.models.gguf_info import ModelInfo
     from backends.speculation.methods import SpeculationMethod
 
-# How far the prediction may be from the measurement (ratio). The README gives the error
+# How far the prediction may be from the measurement (ratio). docs/benchmarks.md gives the error
 # measured by the benchmark; this bound only catches a prediction that has lost its way.
 PREDICTION_TOLERANCE = 0.35
 
@@ -159,26 +160,25 @@ def test_the_user_s_own_messages_come_before_the_suite() -> None:
     assert own[0].messages[0].content == "Refactor this."
 
 
-@contextlib.contextmanager
-def _draft_opener(info: ModelInfo) -> Iterator[ModelEngine]:
-    with LlamaEngine(info.path, LlamaLoadSettings(n_ctx=TEST_CONTEXT), is_draft=True) as draft:
+def _lend(draft: LlamaEngine) -> Callable[[ModelInfo], AbstractContextManager[ModelEngine]]:
+    """A draft opener for the tuner that lends a session's draft engine instead of loading the
+    file again (tests/conftest.py loads each with the settings these trials want)."""
+
+    @contextlib.contextmanager
+    def open_draft(info: ModelInfo) -> Iterator[ModelEngine]:
+        assert info.path == draft.path
+        draft.truncate(0)
         yield draft
 
-
-@contextlib.contextmanager
-def _own_weights_opener(info: ModelInfo) -> Iterator[ModelEngine]:
-    """As stored: SmolLM2 drafting for itself with its own weights (not the Q4_0 copy)."""
-    settings = LlamaLoadSettings(n_ctx=TEST_CONTEXT, draft_weights="stored")
-    with LlamaEngine(info.path, settings, is_draft=True) as draft:
-        yield draft
+    return open_draft
 
 
 def test_the_trials_rank_plain_the_lookups_and_the_draft_within_the_budget(
-    smollm_target: LlamaEngine, smollm_path: Path
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine, smollm_path: Path
 ) -> None:
     messages: list[tuple[float, str]] = []
     tuner = SetupTuner(
-        smollm_target, _own_weights_opener, progress=lambda f, m: messages.append((f, m))
+        smollm_target, _lend(smollm_draft), progress=lambda f, m: messages.append((f, m))
     )
     setups = candidate_setups([read_catalog_model(smollm_path)])
     budget = 30.0
@@ -209,10 +209,11 @@ def test_the_trials_rank_plain_the_lookups_and_the_draft_within_the_budget(
     )
 
 
+@pytest.mark.default_pair
 def test_the_default_pair_is_predicted_within_the_stated_error(
-    qwen_main: LlamaEngine, qwen_draft_path: Path
+    qwen_main: LlamaEngine, qwen_draft: LlamaEngine, qwen_draft_path: Path
 ) -> None:
-    tuner = SetupTuner(qwen_main, _draft_opener, device="this CPU")
+    tuner = SetupTuner(qwen_main, _lend(qwen_draft), device="this CPU")
     draft = read_catalog_model(qwen_draft_path)
     setups = [TrialSetup("off"), TrialSetup("ngram-mod"), TrialSetup("draft-model", draft)]
     budget = 60.0
@@ -223,14 +224,19 @@ def test_the_default_pair_is_predicted_within_the_stated_error(
         row = rows[method]
         assert row.measured, row.skipped
         assert row.identical
-        if row.predicted is not None:
-            assert abs(row.predicted / (row.speedup or 1) - 1) < PREDICTION_TOLERANCE, row
+        if row.predicted is None:
+            # Only a trial that never drafted has nothing to predict (ngram-mod may find no
+            # match in these answers); the draft model always drafts.
+            assert method == "ngram-mod", row
+            assert not row.acceptance_rate, row
+            continue
+        assert abs(row.predicted / (row.speedup or 1) - 1) < PREDICTION_TOLERANCE, row
     assert rows["draft-model"].acceptance_rate is not None
     assert rows["draft-model"].acceptance_rate > 0.5
 
 
 def test_cancel_stops_the_trials_and_the_main_model_answers_after(
-    smollm_target: LlamaEngine, smollm_path: Path
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine, smollm_path: Path
 ) -> None:
     cancel = threading.Event()
 
@@ -238,7 +244,7 @@ def test_cancel_stops_the_trials_and_the_main_model_answers_after(
         if message.startswith("ngram-simple"):
             cancel.set()
 
-    tuner = SetupTuner(smollm_target, _own_weights_opener, progress=progress, cancel=cancel)
+    tuner = SetupTuner(smollm_target, _lend(smollm_draft), progress=progress, cancel=cancel)
     setups = candidate_setups([read_catalog_model(smollm_path)])
     outcome = tuner.run(setups, trial_prompts(), budget_seconds=120, max_tokens=32)
     assert outcome.cancelled
@@ -255,8 +261,10 @@ def test_cancel_stops_the_trials_and_the_main_model_answers_after(
     assert SpeculativeDecoder(smollm_target).run(prompt, GenerationSettings(max_tokens=4)).tokens
 
 
-def test_impossible_trials_are_one_line_errors(smollm_target: LlamaEngine) -> None:
-    tuner = SetupTuner(smollm_target, _own_weights_opener)
+def test_impossible_trials_are_one_line_errors(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine
+) -> None:
+    tuner = SetupTuner(smollm_target, _lend(smollm_draft))
     with pytest.raises(SettingsError, match="at least 20 seconds"):
         tuner.run(candidate_setups([]), trial_prompts(), budget_seconds=5)
     with pytest.raises(SettingsError, match="start with plain decoding"):
@@ -264,13 +272,13 @@ def test_impossible_trials_are_one_line_errors(smollm_target: LlamaEngine) -> No
 
 
 def test_a_result_is_remembered_for_its_model_and_machine(
-    tmp_path: Path, smollm_target: LlamaEngine, smollm_path: Path
+    tmp_path: Path, smollm_target: LlamaEngine, smollm_draft: LlamaEngine, smollm_path: Path
 ) -> None:
     memory = TuningMemory(tmp_path / "tuning.json")
     key = machine_key(smollm_path, smollm_target.load_report)
     assert key.threads == smollm_target.load_report.n_threads
     assert memory.recall(key) is None
-    tuner = SetupTuner(smollm_target, _own_weights_opener)
+    tuner = SetupTuner(smollm_target, _lend(smollm_draft))
     outcome = tuner.run([TrialSetup("off")], trial_prompts()[:1], budget_seconds=20)
     memory.remember(RememberedTuning.of(key, outcome))
     recall = memory.recall(key)

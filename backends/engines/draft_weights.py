@@ -6,7 +6,8 @@ rows of 896 values cannot hold K-quants (256-value blocks), so its "Q4_K_M" file
 back to Q5_0/Q8_0 and keeps the 151,936-row embedding (also its output layer) in Q8_0:
 over 6 bits per weight in all. Requantized to Q4_0 throughout (4.5 bits, a format llama.cpp
 repacks for its fastest CPU kernels) its pass costs 29 ms instead of 39 ms on a 2-core
-Xeon, and it still agrees with the 1.5B on 91-95 % of its drafts (README). Only the draft
+Xeon, and it still agrees with the 1.5B on 91-95 % of its drafts (docs/benchmarks.md, "Its
+Q4_0 copy and the catch-up fix"). Only the draft
 is ever requantized: the main model decides every token, so the output stays exactly the
 main model's.
 

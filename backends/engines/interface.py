@@ -14,8 +14,6 @@ from backends.errors import EngineError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from backends.engines.rpc import WorkerStatus
-
 log = logging.getLogger(__name__)
 
 Role = Literal["system", "user", "assistant"]
@@ -82,6 +80,43 @@ class LoadReport:
 
 
 LogitRows = npt.NDArray[np.float32]
+
+
+class WorkerState(Protocol):
+    """A worker machine holding some of a model's layers, as its engine last saw it.
+
+    What the layers above an engine read of a worker; llama.cpp's RPC workers report it as
+    :class:`backends.engines.rpc.WorkerStatus`.
+    """
+
+    @property
+    def address(self) -> object:
+        """Where the worker listens; ``str()`` of it is "host:port"."""
+        ...
+
+    @property
+    def reachable(self) -> bool:
+        """Whether the worker answers."""
+        ...
+
+    @property
+    def problem(self) -> str:
+        """Why it does not, in one line (empty when it does)."""
+        ...
+
+    @property
+    def memory_free(self) -> int:
+        """Free bytes over the worker's devices."""
+        ...
+
+    @property
+    def memory_total(self) -> int:
+        """Total bytes over the worker's devices."""
+        ...
+
+    def summary(self) -> str:
+        """One line: the address and its memory, or the problem."""
+        ...
 
 
 class ModelEngine(Protocol):
@@ -167,7 +202,7 @@ class ModelEngine(Protocol):
         """Roll the KV cache back so that it holds only its first ``n_tokens`` tokens."""
         ...
 
-    def worker_statuses(self) -> tuple[WorkerStatus, ...]:
+    def worker_statuses(self) -> tuple[WorkerState, ...]:
         """The workers holding some of the model's layers, now (empty without workers)."""
         ...
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from backends.engines.load_guard import SAFEST, RiskySettings, checkpoint
 from backends.errors import SettingsError
@@ -14,7 +14,10 @@ if TYPE_CHECKING:
     from backends.engines.draft_weights import DraftWeights
     from backends.engines.interface import ModelEngine
     from backends.engines.llama import LoadProgress
-    from backends.service.protocol import EngineKind
+
+# The engines a model can be loaded with (backends.service.protocol re-exports both names).
+EngineKind = Literal["llama.cpp", "mlx"]
+ENGINE_KINDS: tuple[EngineKind, ...] = ("llama.cpp", "mlx")
 
 DEFAULT_SETTINGS = RiskySettings()  # as llama.cpp loads: all layers on the GPU, repacking
 

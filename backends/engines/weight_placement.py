@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 WeightRepacking = Literal["auto", "on", "off"]
 WEIGHT_REPACKING_MODES: tuple[WeightRepacking, ...] = ("auto", "on", "off")
-# What "auto" means on every CPU, measured on the default pair (README, "Lossless, to the
-# bit"): repacked weights decode about a third faster; unrepacked ones keep bigger batches
+# What "auto" means on every CPU, measured on the default pair (docs/benchmarks.md,
+# "Exactness"): repacked weights decode about a third faster; unrepacked ones keep bigger batches
 # bit-exact, which does not make up for it.
 AUTO_REPACKING: Literal["on", "off"] = "on"
 

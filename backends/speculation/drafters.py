@@ -25,9 +25,12 @@ from backends.speculation.types import (
 
 # A draft model reads a long context in part (DraftModelDrafter.reading): its first
 # DRAFT_READ_HEAD tokens and its last DRAFT_READ_WINDOW before the first draft. Reading all
-# of the peer benchmark's docstring prompt took a seventh of its 160-token answer's time on
-# a 2-core CPU; reading 24 + 32 tokens of it, the draft was kept as often (README, "What the
-# draft reads").
+# of the peer benchmark's docstring prompt took a seventh of its 160-token answer's time
+# (2026-12-02, EPYC Zen 5, 2 cores, a traced run). Reading 24 + 32 tokens of it, the draft
+# was kept as often and the answer came 12 % faster (modeled), and windows of the last 16,
+# 32 and 64 tokens alone gave 1.34x, 1.40x and 1.35x of plain against 1.37x for 24 + 32
+# (2026-12-02, EPYC Zen 4, 2 cores, `python -m benchmarks.draft_model_auto --rounds 4`;
+# docs/benchmarks.md, "Where the draft stops, and what it reads").
 DRAFT_READ_HEAD = 24
 DRAFT_READ_WINDOW = 32
 
@@ -47,7 +50,6 @@ class LookupDrafter:
 
     lookup = True
     engine: ModelEngine | None = None  # no model: nothing for the planner to calibrate
-    last_passes: Sequence[ForwardPass] = ()
 
     def __init__(self) -> None:
         self.stats = DrafterStats()
@@ -68,10 +70,6 @@ class LookupDrafter:
         """Propose up to ``max_tokens`` tokens from the lookup (``stop`` is for models)."""
         proposal, evidence = self.propose(context, max_tokens)
         return Draft(proposal, None, evidence=evidence)
-
-    def engine_seconds(self) -> float:
-        """No forward passes: lookups are counted as loop time."""
-        return 0.0
 
     def unread(self, context: Sequence[int]) -> int:
         """Nothing to read: a lookup works on the context as it is."""
@@ -121,17 +119,12 @@ class DraftModelDrafter:
         # output still follows the target); None uses the target's settings.
         self.sampling = sampling
         self._end_ids = engine.vocab.end_of_generation_ids
-        self.last_passes: list[ForwardPass] = []
         self.stats = DrafterStats()
 
     @property
     def name(self) -> str:
         """The draft model's name."""
         return f"draft model '{self.engine.name}'"
-
-    def engine_seconds(self) -> float:
-        """Time in the draft model's forward passes."""
-        return self.engine.decode_seconds
 
     def reading(self, context: Sequence[int]) -> Sequence[int]:
         """What the draft model reads of ``context``: all of it, or its head and its tail.
@@ -177,9 +170,9 @@ class DraftModelDrafter:
         tokens: list[int] = []
         confidences: list[float] = []
         distributions: list[ProbArray] | None = None if sampling.greedy else []
-        passes = self.last_passes = []
+        passes: list[ForwardPass] = []
         if max_tokens <= 0:
-            return Draft(tokens, distributions)
+            return Draft(tokens, distributions, passes=passes)
         started = time.perf_counter()
         rows, evaluated = extend_cache(self.engine, self.reading(context))
         passes.append((evaluated, time.perf_counter() - started))
@@ -222,7 +215,7 @@ class DraftModelDrafter:
         sibling = None
         if branching and stop is not None:
             sibling = _choose_sibling(stop, confidences, seconds)
-        return Draft(tokens, distributions, confidences=confidences, sibling=sibling)
+        return Draft(tokens, distributions, confidences=confidences, sibling=sibling, passes=passes)
 
 
 def _second_choice(row: LogitRows, top: int, top_probability: float) -> tuple[int, float]:
@@ -241,9 +234,9 @@ def _choose_sibling(
     At position i that takes every token before i kept (the stop rule's reach), token i
     refused (one minus its kept rate) and the target's token then being the draft's second
     choice, as likely as the draft's own share of what its top choice leaves (q2 / (1 - q1);
-    over real prose answers that predicted 30 % where 33 % came true,
-    benchmarks/sibling_tree.py). It pays where that chance clears the cost of its row
-    (:meth:`DraftStopRule.sibling_floor`).
+    over real prose answers that predicted 30 % where 33 % came true: 2026-12-03, Xeon AMX,
+    2 cores, ``python -m benchmarks.sibling_tree``). It pays where that chance clears the
+    cost of its row (:meth:`DraftStopRule.sibling_floor`).
     """
     floor = stop.sibling_floor(len(confidences))
     if floor is None:

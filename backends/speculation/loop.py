@@ -1,26 +1,33 @@
-"""The speculative decoding loop, written once for every engine: draft, verify, accept, account.
+"""The speculative decoding loop, written once for every engine: draft, verify, account, learn.
 
-One round: the drafter proposes up to ``k`` tokens; the target evaluates the pending
-context plus those tokens in one batch; verification keeps the longest acceptable prefix
-and adds one token of the target's own (the correction after a rejection, or a bonus token
-when every draft token was accepted).
+One round (:meth:`_Generation._one_round`, read it top to bottom):
 
-Verification at temperature 0 accepts while the draft token is the target's argmax, so the
-text is exactly plain greedy decoding. At temperature > 0 it is the modified rejection
-sampling of Leviathan et al. 2023 (arXiv 2211.17192, Algorithm 1) and Chen et al. 2023
-(arXiv 2302.01318): accept draft token x with probability min(1, p(x)/q(x)), otherwise
-sample from normalize(max(0, p − q)); the emitted tokens follow the target's distribution
-exactly. ``verification="sample-match"`` instead samples the target and compares (what
-llama.cpp's server and mlx-lm do): also lossless, but it accepts less often from a
-sampling draft model; every emitted token is then one draw of the target's own random
-stream, so with a seed the text is plain sampling's with that seed, whatever was drafted.
+1. **Draft.** With a planner, the loop offers it the drafters (each lookup with the
+   proposal it makes now, each draft model with what it must read) and gets a plan: which
+   drafter, how many tokens, what verification chunk. The loop then asks that drafter for
+   its draft. Without a planner, the first drafter with a proposal drafts the full length.
+2. **Verify.** The target evaluates the pending context plus the draft in one batch, or in
+   chunks where a chunk is evaluated only if every draft token before it was accepted;
+   :mod:`backends.speculation.verification` turns its rows into a
+   :class:`~backends.speculation.verification.Verdict`: the accepted tokens, then one token
+   of the target's own (the corrected token after a refused one, or the bonus token when
+   every draft token was accepted). Those words are defined there.
+3. **Account.** The stats count the round, and the tokens are emitted with their origins.
+4. **Learn.** The planner is told what the round did, once
+   (:class:`~backends.speculation.planner.RoundOutcome`).
+
+Nothing the planner knows changes before the round ends, so a round is planned from what
+the rounds before it taught. At temperature 0 the text is exactly plain greedy decoding;
+at temperature > 0 it follows the target's distribution exactly (rejection sampling, or
+sample-match, where with a seed the text is plain sampling's with that seed, whatever was
+drafted: drafting draws from a stream of its own).
 
 At temperature 0, with ``sibling_branches`` on (off by default), a draft model's draft may
 carry its second choice at one position as a sibling branch, evaluated in the same batch
 in a second sequence that shares the cache (where the engine's sibling rows are probed
 bitwise plain decoding's, and the planner's cost table says the extra row pays). Where
-the target refuses the chain there and its own token is the sibling, the sibling's row
-gives one more token in the same round; the sibling's cells are dropped and it is
+the target refuses the chain there and its corrected token is the sibling, the sibling's
+row gives one more token in the same round; the sibling's cells are dropped and it is
 evaluated again, in order, in the next round's batch.
 
 Draft-token accounting follows LM Studio's names:
@@ -36,35 +43,19 @@ so ``total = accepted + rejected + ignored`` always holds.
 
 from __future__ import annotations
 
-import codecs
-import logging
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from backends.engines.interface import (
-    ChatMessage,
-    LogitRows,
-    ModelEngine,
-    extend_cache,
-    extend_cache_with_sibling,
-)
 from backends.errors import ContextOverflowError, SettingsError
 from backends.speculation.drafters import NoDrafter
-from backends.speculation.planner import (
-    DRAFT_CALIBRATION_SIZES,
-    MAX_TREE_ROWS,
-    CostCache,
-    DraftPlanner,
-)
-from backends.speculation.sampling import (
-    probabilities,
-    residual_distribution,
-    sample,
-    top_probability,
-)
+from backends.speculation.estimates import DRAFT_CALIBRATION_SIZES, CostCache
+from backends.speculation.planner import MAX_TREE_ROWS, DraftPlanner
+from backends.speculation.rounds import Candidate, RoundOutcome
+from backends.speculation.sampling import top_probability
+from backends.speculation.target_rows import TargetPass, chain_rows, tree_rows
+from backends.speculation.text_stream import TextStream
 from backends.speculation.types import (
     Draft,
     Drafter,
@@ -72,43 +63,23 @@ from backends.speculation.types import (
     GenerationResult,
     GenerationSettings,
     GenerationUpdate,
-    Sibling,
     SpeculationStats,
     StopReason,
     TokenOrigin,
+)
+from backends.speculation.verification import (
+    Verdict,
+    verify_greedy,
+    verify_rejection,
+    verify_sample_match,
 )
 
 if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator, Sequence
 
-    from backends.speculation.planner import RoundPlan
-
-log = logging.getLogger(__name__)
-
-
-class _StopStringWatcher:
-    """Holds back text that may be the start of a stop string; finds complete ones."""
-
-    def __init__(self, stop_strings: Sequence[str]) -> None:
-        self.stop_strings = tuple(stop_strings)
-        self._longest = max((len(s) for s in self.stop_strings), default=0)
-
-    def find(self, text: str, search_from: int) -> int | None:
-        """Index in ``text`` where the earliest complete stop string starts, if any."""
-        if not self.stop_strings:
-            return None
-        start = max(0, search_from - self._longest + 1)
-        hits = [i for s in self.stop_strings if (i := text.find(s, start)) >= 0]
-        return min(hits) if hits else None
-
-    def safe_length(self, text: str) -> int:
-        """How much of ``text`` can be released without hiding a stop string's beginning."""
-        for cut in range(max(0, len(text) - self._longest + 1), len(text)):
-            tail = text[cut:]
-            if any(s.startswith(tail) for s in self.stop_strings):
-                return cut
-        return len(text)
+    from backends.engines.interface import ChatMessage, ModelEngine
+    from backends.speculation.rounds import RoundPlan
 
 
 class SpeculativeDecoder:
@@ -239,11 +210,7 @@ class _Generation:
         self.context = list(prompt)
         self.end_ids = target.vocab.end_of_generation_ids
         self.stats = SpeculationStats(prompt_tokens=len(prompt))
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.stop_watch = _StopStringWatcher(settings.stop_strings)
-        self.text = ""  # all generated text so far
-        self.released_chars = 0  # how much of ``text`` was handed out in updates
-        self.held: list[EmittedToken] = []  # emitted tokens whose text is not released yet
+        self.output = TextStream(settings.stop_strings, target.token_bytes)
         self.finished = False
         limit = target.exact_batch_limit
         self.exact_chunk: int | None = None
@@ -285,70 +252,31 @@ class _Generation:
             self.stats.generation_seconds = now - first_token_at
             self.stats.engine_seconds = self._engine_seconds() - engine_start
             if not self.finished:
-                yield GenerationUpdate(self._release(final=False), self.stats.snapshot(), False)
+                yield GenerationUpdate(
+                    self.output.release(final=False), self.stats.snapshot(), False
+                )
         now = time.perf_counter()
         self.stats.total_seconds = now - started
         if first_token_at is not None:
             self.stats.generation_seconds = now - first_token_at
         self.stats.engine_seconds = self._engine_seconds() - engine_start
-        yield GenerationUpdate(self._release(final=True), self.stats.snapshot(), True)
-
-    def _engine_seconds(self) -> float:
-        return self.target.decode_seconds + sum(d.engine_seconds() for d in self.drafters)
-
-    def _draft_limit(self, drafter: Drafter, budget: int) -> int:
-        cap = self.settings.lookup_draft_max if drafter.lookup else self.settings.draft_max
-        return min(cap, budget)
-
-    def _make_draft(self, drafter: Drafter, max_tokens: int) -> Draft:
-        started = time.perf_counter()
-        stop = None if self.planner is None else self.planner.stop_rule(drafter, self.tree_rows)
-        draft = drafter.draft(
-            self.context, max_tokens, self.sampling, self.draft_rng, self.cancel, stop
-        )
-        elapsed = time.perf_counter() - started
-        self.stats.draft_seconds += elapsed
-        drafter.stats.seconds += elapsed
-        if self.planner is not None:
-            for size, seconds in drafter.last_passes:
-                self.planner.observe_draft(drafter, size, seconds)
-        return draft
-
-    def _plan_round(self, budget: int) -> tuple[RoundPlan | None, Drafter | None, Draft]:
-        """Choose the drafter of this round and draft; (plan, drafter, draft)."""
-        if budget <= 0 or not self.drafters:
-            return None, None, Draft([], None)
-        if self.planner is None:
-            # Fixed: the first drafter with a proposal drafts the full length.
-            for drafter in self.drafters:
-                draft = self._make_draft(drafter, self._draft_limit(drafter, budget))
-                if draft.tokens or drafter is self.drafters[-1]:
-                    return None, drafter, draft
-            raise AssertionError("unreachable")
-        limits = {d: self._draft_limit(d, budget) for d in self.drafters}
-        plan = self.planner.plan(
-            self.context, limits, self.exact_chunk, self._make_draft, horizon=budget
-        )
-        if plan.drafter is None:
-            return plan, None, Draft([], None)
-        if plan.proposal is not None:
-            proposal = plan.proposal
-            return (
-                plan,
-                plan.drafter,
-                Draft(proposal.tokens[: plan.draft_tokens], None, evidence=proposal.evidence),
-            )
-        return plan, plan.drafter, self._make_draft(plan.drafter, plan.draft_tokens)
+        yield GenerationUpdate(self.output.release(final=True), self.stats.snapshot(), True)
 
     def _one_round(self, *, first_round: bool, room: int) -> None:
+        """One round, top to bottom: draft, verify, account, learn."""
         round_started = time.perf_counter()
         engine_before = self._engine_seconds()
+        start = len(self.context)
         remaining = self.settings.max_tokens - self.stats.generated_tokens
         # Drafting past the token budget or the context would only produce ignored tokens.
         # The first round is the prompt's own forward pass: the first token comes from the
         # target alone, so time-to-first-token is the same with and without speculation.
         budget = 0 if first_round else min(remaining - 1, room - 1)
-        plan, drafter, draft = self._plan_round(budget)
+
+        # 1. Draft: the plan (if there is a planner) says who drafts how much.
+        candidates, plan = self._plan(budget)
+        drafter, draft = self._draft(plan, budget)
+        draft_passes = draft.passes  # what the planned draft cost, even if it is dropped
         if draft.tokens:
             self.stats.total_draft_tokens_count += len(draft.tokens)
             if len(draft.tokens) < self.settings.draft_min:
@@ -357,43 +285,195 @@ class _Generation:
         if self.cancel is not None and self.cancel.is_set():
             self.stats.ignored_draft_tokens_count += len(draft.tokens)
             self._finish("cancelled")
+            if self.planner is not None:
+                outcome = RoundOutcome(plan, candidates, start, draft_passes=draft_passes)
+                self.planner.observe(outcome)  # what drafting cost; nothing was verified
             return
+
+        # 2. Verify: the target's rows for the draft, and its verdict on them.
         started = time.perf_counter()
-        chunk_rows = plan.verify_chunk if plan else None
-        tree = self._tree_rows(draft, chunk_rows)
-        accepted, own_token, bonus = self._verify(draft, chunk_rows, tree)
+        target_passes: list[TargetPass] = []
+        verdict, with_sibling = self._verify(draft, plan, target_passes)
+        confidence = self._target_confidence(verdict)  # while its row is still the engine's
         self.stats.verify_seconds += time.perf_counter() - started
-        self.stats.rounds += 1
-        self.stats.draft_length_counts[len(draft.tokens)] = (
-            self.stats.draft_length_counts.get(len(draft.tokens), 0) + 1
+
+        # 3. Account: count the round, emit its tokens.
+        self._count_round(drafter, draft, verdict, target_passes)
+        self._emit_round(draft, verdict, with_sibling=with_sibling)
+
+        # 4. Learn: the planner's one look at the round, now that it has ended.
+        if self.planner is not None:
+            engine_time = self._engine_seconds() - engine_before
+            outcome = RoundOutcome(
+                plan,
+                candidates,
+                start,
+                draft_passes=draft_passes,
+                target_passes=[(evaluated, seconds) for evaluated, _, seconds in target_passes],
+                target_confidence=confidence,
+                verified=draft,
+                accepted=verdict.accepted,
+                overhead_seconds=time.perf_counter() - round_started - engine_time,
+                context=self.context,
+            )
+            self.planner.observe(outcome)
+
+    def _engine_seconds(self) -> float:
+        """Time in the engines' forward passes so far (the target's and the drafters')."""
+        drafting = sum(d.engine.decode_seconds for d in self.drafters if d.engine is not None)
+        return self.target.decode_seconds + drafting
+
+    # -- 1. draft --------------------------------------------------------------------------
+
+    def _plan(self, budget: int) -> tuple[list[Candidate], RoundPlan | None]:
+        """What the planner chose from, and its plan (None: no planner, or no room to draft)."""
+        if self.planner is None or budget <= 0 or not self.drafters:
+            return [], None
+        candidates = self._candidates(self.planner, budget)
+        return candidates, self.planner.plan(candidates, self.exact_chunk, horizon=budget)
+
+    def _candidates(self, planner: DraftPlanner, budget: int) -> list[Candidate]:
+        """The drafters the plan may choose from, in order.
+
+        Each lookup with a proposal, made now (a lookup costs microseconds), and each draft
+        model the planner is ready for, with how much it must read before it drafts.
+        """
+        candidates: list[Candidate] = []
+        for drafter in self.drafters:
+            limit = self._draft_limit(drafter, budget)
+            if limit <= 0:
+                continue
+            if drafter.lookup:
+                proposal = self._make_draft(drafter, limit)
+                if proposal.tokens:
+                    candidates.append(Candidate(drafter, len(proposal.tokens), proposal))
+            elif planner.draft_model_ready():
+                candidates.append(Candidate(drafter, limit, unread=drafter.unread(self.context)))
+        return candidates
+
+    def _draft(self, plan: RoundPlan | None, budget: int) -> tuple[Drafter | None, Draft]:
+        """The round's drafter and its draft (None and nothing: plain decoding)."""
+        if budget <= 0 or not self.drafters:
+            return None, Draft([], None)
+        if self.planner is None:
+            # Fixed: the first drafter with a proposal drafts the full length.
+            for drafter in self.drafters:
+                draft = self._make_draft(drafter, self._draft_limit(drafter, budget))
+                if draft.tokens or drafter is self.drafters[-1]:
+                    return drafter, draft
+            raise AssertionError("unreachable")
+        assert plan is not None
+        if plan.drafter is None:
+            return None, Draft([], None)
+        if plan.proposal is not None:
+            proposal = plan.proposal
+            tokens = proposal.tokens[: plan.draft_tokens]
+            return plan.drafter, Draft(tokens, None, evidence=proposal.evidence)
+        return plan.drafter, self._make_draft(plan.drafter, plan.draft_tokens)
+
+    def _draft_limit(self, drafter: Drafter, budget: int) -> int:
+        cap = self.settings.lookup_draft_max if drafter.lookup else self.settings.draft_max
+        return min(cap, budget)
+
+    def _make_draft(self, drafter: Drafter, max_tokens: int) -> Draft:
+        """Ask ``drafter`` for a draft (a draft model stops where the planner's rule says)."""
+        started = time.perf_counter()
+        stop = None
+        if self.planner is not None and not drafter.lookup:
+            stop = self.planner.stop_rule(drafter, self.tree_rows)
+        draft = drafter.draft(
+            self.context, max_tokens, self.sampling, self.draft_rng, self.cancel, stop
         )
+        elapsed = time.perf_counter() - started
+        self.stats.draft_seconds += elapsed
+        drafter.stats.seconds += elapsed
+        return draft
+
+    # -- 2. verify -------------------------------------------------------------------------
+
+    def _verify(
+        self, draft: Draft, plan: RoundPlan | None, passes: list[TargetPass]
+    ) -> tuple[Verdict, bool]:
+        """The target's verdict on the draft, and whether its sibling was verified with it.
+
+        The target's forward passes are appended to ``passes`` as they run. At temperature
+        0 (unless ``exact_batches`` is off) no batch exceeds the engine's exact limit, so
+        every row is plain decoding's; the plan may ask for smaller chunks.
+        """
+        chunk_rows = plan.verify_chunk if plan else None
+        if self.tree_rows > 0:  # the draft and its sibling in one batch, where they fit
+            limit = self.tree_rows if chunk_rows is None else min(self.tree_rows, chunk_rows)
+            tree = tree_rows(self.target, self.context, draft, limit, passes)
+            if tree is not None:
+                chain, sibling_row = tree
+                return verify_greedy(draft.tokens, chain, draft.sibling, sibling_row), True
+        limits = (self.exact_chunk, chunk_rows)
+        rows = chain_rows(self.target, self.context, draft.tokens, limits, passes)
+        if self.sampling.greedy:
+            return verify_greedy(draft.tokens, rows), False
+        if self.settings.verification == "sample-match":
+            return verify_sample_match(draft.tokens, rows, self.sampling, self.rng), False
+        verdict = verify_rejection(draft.tokens, draft.distributions, rows, self.sampling, self.rng)
+        return verdict, False
+
+    def _target_confidence(self, verdict: Verdict) -> float | None:
+        """How sure the target was of its own token this round (None: not measured).
+
+        Only a draft model's planning uses it (its priors): one softmax over the vocabulary
+        per round, about 0.3 ms on the 1.5B's 151,936 tokens, skipped without one.
+        """
+        if self.planner is None or not self.has_draft_model:
+            return None
+        return top_probability(verdict.row, self.sampling)
+
+    # -- 3. account ------------------------------------------------------------------------
+
+    def _count_round(
+        self,
+        drafter: Drafter | None,
+        draft: Draft,
+        verdict: Verdict,
+        passes: Sequence[TargetPass],
+    ) -> None:
+        """Count the round: its verification passes by rows, its draft and what was kept."""
+        stats = self.stats
+        for _evaluated, rows, _seconds in passes:
+            stats.verify_batch_counts[rows] = stats.verify_batch_counts.get(rows, 0) + 1
+        drafted, accepted = len(draft.tokens), verdict.accepted
+        stats.rounds += 1
+        stats.draft_length_counts[drafted] = stats.draft_length_counts.get(drafted, 0) + 1
         method = drafter.name if drafter is not None and draft.tokens else "none"
-        self.stats.rounds_by_method[method] = self.stats.rounds_by_method.get(method, 0) + 1
+        stats.rounds_by_method[method] = stats.rounds_by_method.get(method, 0) + 1
         if drafter is not None and draft.tokens:
-            drafter.stats.record(len(draft.tokens), accepted)
-        self.stats.rejected_draft_tokens_count += len(draft.tokens) - accepted
-        for index, token in enumerate(draft.tokens[:accepted]):
+            drafter.stats.record(drafted, accepted)
+        verified, kept = stats.verified_at_position, stats.accepted_at_position
+        while len(verified) < drafted:
+            verified.append(0)
+            kept.append(0)
+        for position in range(min(accepted + 1, drafted)):  # reached: accepted and one more
+            verified[position] += 1
+            if position < accepted:
+                kept[position] += 1
+        stats.rejected_draft_tokens_count += drafted - accepted
+
+    def _emit_round(self, draft: Draft, verdict: Verdict, *, with_sibling: bool) -> None:
+        """Emit the accepted tokens, then the target's own (and the token after a sibling)."""
+        for index, token in enumerate(draft.tokens[: verdict.accepted]):
             if self.finished:
-                self.stats.ignored_draft_tokens_count += accepted - index
+                self.stats.ignored_draft_tokens_count += verdict.accepted - index
                 break
             self.stats.accepted_draft_tokens_count += 1
             self._emit(token, TokenOrigin.DRAFT)
-        if tree is not None:
-            self._account_sibling(taken=bonus is not None)
+        if with_sibling:
+            self._count_sibling(taken=verdict.sibling_taken)
         if not self.finished:
-            self._emit(own_token, TokenOrigin.TARGET if bonus is None else TokenOrigin.DRAFT)
-        if bonus is not None and not self.finished:
-            self._emit(bonus, TokenOrigin.TARGET)
-        if self.planner is not None and not first_round:
-            engine_time = self._engine_seconds() - engine_before
-            overhead = time.perf_counter() - round_started - engine_time
-            if plan is not None:
-                self.planner.observe_round(
-                    plan, len(draft.tokens), accepted, draft.evidence, overhead, draft.confidences
-                )
-            self.planner.score_shadows(self.context)
+            # A taken sibling was drafted: the target's token is then the draft's.
+            origin = TokenOrigin.DRAFT if verdict.sibling_taken else TokenOrigin.TARGET
+            self._emit(verdict.target_token, origin)
+        if verdict.after_sibling is not None and not self.finished:
+            self._emit(verdict.after_sibling, TokenOrigin.TARGET)
 
-    def _account_sibling(self, *, taken: bool) -> None:
+    def _count_sibling(self, *, taken: bool) -> None:
         """Count a verified sibling as one drafted token (taken only if it was emitted)."""
         self.stats.sibling_tokens_count += 1
         self.stats.total_draft_tokens_count += 1
@@ -405,203 +485,18 @@ class _Generation:
             self.stats.accepted_sibling_tokens_count += 1
             self.stats.accepted_draft_tokens_count += 1
 
-    def _tree_rows(
-        self, draft: Draft, chunk_rows: int | None
-    ) -> tuple[LogitRows, LogitRows] | None:
-        """The target's rows 0..k for the draft and its sibling's row, in one batch.
-
-        None, with nothing evaluated, where the draft has no sibling or the tree does not
-        fit one batch (the probed exact limit, or the chunks the plan asked for).
-        """
-        sibling = draft.sibling
-        if sibling is None or self.tree_rows == 0:
-            return None
-        limit = self.tree_rows if chunk_rows is None else min(self.tree_rows, chunk_rows)
-        started = time.perf_counter()
-        evaluated = extend_cache_with_sibling(
-            self.target,
-            self.context + draft.tokens,
-            len(draft.tokens) + 1,
-            len(self.context) + sibling.index,
-            sibling.token,
-            batch_limit=limit,
-        )
-        if evaluated is None:
-            return None
-        rows, count = evaluated
-        self._count_verify_pass(count + 1, len(rows), started)
-        return rows[:-1], rows[-1]
-
-    def _count_verify_pass(self, evaluated: int, rows: int, started: float) -> None:
-        """Tell the planner what a verification pass cost; count it by its logit rows."""
-        if self.planner is not None:
-            self.planner.observe_target(evaluated, time.perf_counter() - started)
-        batches = self.stats.verify_batch_counts
-        batches[rows] = batches.get(rows, 0) + 1
-
-    def _target_rows(self, proposed: list[int], chunk_rows: int | None) -> Iterator[LogitRows]:
-        """The target's logit rows 0..k for ``context + proposed``, evaluated lazily in chunks.
-
-        Row j is the target's prediction after ``proposed[:j]``. At temperature 0 (unless
-        ``exact_batches`` is off) the batch is split into chunks no larger than the engine's
-        exact batch limit, so every row is bitwise what plain one-token-at-a-time decoding
-        computes; the plan may ask for smaller chunks (``chunk_rows``), where checking a
-        draft that breaks early costs less that way. A rejection ends the round before later
-        chunks are evaluated.
-        """
-        total_rows = len(proposed) + 1
-        chunk = total_rows
-        for limit in (self.exact_chunk, chunk_rows):
-            if limit is not None:
-                chunk = min(chunk, max(1, limit))
-        sequence = self.context + proposed
-        first = 0
-        while first < total_rows:
-            last = min(total_rows, first + chunk) - 1
-            started = time.perf_counter()
-            rows, evaluated = extend_cache(
-                self.target, sequence[: len(self.context) + last], logit_rows=last - first + 1
-            )
-            self._count_verify_pass(evaluated, len(rows), started)
-            yield from rows
-            first = last + 1
-
-    def _verify(
-        self,
-        draft: Draft,
-        chunk_rows: int | None,
-        tree: tuple[LogitRows, LogitRows] | None = None,
-    ) -> tuple[int, int, int | None]:
-        """Evaluate the draft with the target: (accepted count, the target's token, bonus).
-
-        ``chunk_rows``: rows per verification batch the plan asked for (None: as many as
-        exactness allows). ``tree``: the chain's rows and the sibling's, already evaluated
-        (:meth:`_tree_rows`, greedy only); where the target's token is the sibling, the
-        bonus is the target's token after it (else None).
-        """
-        proposed = draft.tokens
-        positions = self.stats.verified_at_position
-        accepted_at = self.stats.accepted_at_position
-        while len(positions) < len(proposed):
-            positions.append(0)
-            accepted_at.append(0)
-        greedy = self.sampling.greedy
-        sibling_row: LogitRows | None = None
-        rows: Iterator[LogitRows] | LogitRows
-        if tree is not None:
-            rows, sibling_row = tree
-        else:
-            rows = self._target_rows(proposed, chunk_rows)
-        for index, row in enumerate(rows):
-            if index == len(proposed):
-                # Every draft token was accepted: the last row gives a bonus token.
-                self._observe_confidence(row)
-                return (
-                    index,
-                    int(np.argmax(row))
-                    if greedy
-                    else sample(probabilities(row, self.sampling), self.rng),
-                    None,
-                )
-            token = proposed[index]
-            positions[index] += 1
-            if greedy:
-                best = int(np.argmax(row))
-                if best != token:
-                    self._observe_confidence(row)
-                    if sibling_row is not None and draft.sibling == Sibling(index, best):
-                        return index, best, int(np.argmax(sibling_row))
-                    return index, best, None
-            else:
-                p = probabilities(row, self.sampling)
-                if self.settings.verification == "sample-match":
-                    own = sample(p, self.rng)
-                    if own != token:
-                        self._observe_confidence(row)
-                        return index, own, None
-                elif draft.distributions is not None:
-                    q = draft.distributions[index]
-                    ratio = p[token] / q[token] if q[token] > 0.0 else 0.0
-                    if self.rng.random() >= min(1.0, ratio):
-                        self._observe_confidence(row)
-                        return index, sample(residual_distribution(p, q), self.rng), None
-                elif self.rng.random() >= p[token]:
-                    self._observe_confidence(row)
-                    # A deterministic draft is a point mass q = 1 at the proposed token:
-                    # accept with probability p(x); the residual max(0, p - q) is p without x.
-                    residual = p.copy()
-                    residual[token] = 0.0
-                    return index, sample(residual / residual.sum(), self.rng), None
-            accepted_at[index] += 1
-        raise AssertionError("the target produced fewer rows than asked for")
-
-    def _observe_confidence(self, row: LogitRows) -> None:
-        """Tell the planner how sure the target is of the token it gives this round.
-
-        Only a draft model's planning uses it (its priors): one softmax over the vocabulary
-        per round, about 0.3 ms on the 1.5B's 151,936 tokens, skipped without one.
-        """
-        if self.planner is not None and self.has_draft_model:
-            self.planner.observe_target_confidence(top_probability(row, self.sampling))
-
-    # -- emitting tokens -------------------------------------------------------------------
-
     def _emit(self, token: int, origin: TokenOrigin) -> None:
         if token in self.end_ids:
             self._finish("eos")
             return
         self.context.append(token)
         self.stats.generated_tokens += 1
-        piece = self.decoder.decode(self.target.token_bytes(token))
-        search_from = len(self.text)
-        self.text += piece
-        self.held.append(EmittedToken(token, piece, origin))
-        stop_at = self.stop_watch.find(self.text, search_from)
-        if stop_at is not None:
-            self._cut_at_stop_string(stop_at)
+        if self.output.add(token, origin):
             self._finish("stop_string")
         elif self.stats.generated_tokens >= self.settings.max_tokens:
             self._finish("max_tokens")
-
-    def _cut_at_stop_string(self, stop_at: int) -> None:
-        """Drop the stop string and everything after it from the held tokens."""
-        kept: list[EmittedToken] = []
-        position = self.released_chars
-        for token in self.held:
-            if position >= stop_at:
-                break
-            room = stop_at - position
-            text = token.text if len(token.text) <= room else token.text[:room]
-            kept.append(replace(token, text=text))
-            position += len(token.text)
-        self.held = kept
-        self.text = self.text[:stop_at]
 
     def _finish(self, reason: StopReason) -> None:
         if not self.finished:
             self.finished = True
             self.stats.stop_reason = reason
-
-    def _release(self, *, final: bool) -> tuple[EmittedToken, ...]:
-        """Hand out held tokens, keeping back those that may begin a stop string."""
-        if final:
-            tail = self.decoder.decode(b"", final=True)
-            if tail and self.held:
-                last = self.held[-1]
-                self.held[-1] = replace(last, text=last.text + tail)
-            everything = tuple(self.held)
-            self.held = []
-            return everything
-        safe_end = self.released_chars + self.stop_watch.safe_length(
-            self.text[self.released_chars :]
-        )
-        released: list[EmittedToken] = []
-        position = self.released_chars
-        for token in self.held:
-            if position + len(token.text) > safe_end:
-                break
-            released.append(token)
-            position += len(token.text)
-        self.held = self.held[len(released) :]
-        self.released_chars = position
-        return tuple(released)

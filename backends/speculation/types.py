@@ -68,7 +68,7 @@ class GenerationSettings:
     # At temperature 0, let a draft model's second choice ride along as a sibling branch
     # where the planner's costs say it pays and the engine's sibling rows are exact. Off by
     # default: on a 2-core AMX Xeon it was exact and nearly free but gained nothing
-    # (benchmarks/sibling_tree.py, README "The draft's second choice as a sibling").
+    # (benchmarks/sibling_tree.py, docs/benchmarks.md "Sibling branches").
     sibling_branches: bool = False
 
     def __post_init__(self) -> None:
@@ -226,6 +226,9 @@ class GenerationResult:
         return [token.token_id for token in self.tokens]
 
 
+ForwardPass = tuple[int, float]  # (tokens evaluated, seconds)
+
+
 @dataclass
 class Draft:
     """Proposed tokens and, when they were sampled, the draft distribution q of each."""
@@ -239,6 +242,8 @@ class Draft:
     # The draft model's second choice at one position, verified beside the chain as a
     # branch of its own where the engine allows it (None: a plain chain).
     sibling: Sibling | None = None
+    # The draft model's forward passes for this draft (empty for lookups), for the planner.
+    passes: list[ForwardPass] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -288,6 +293,7 @@ class DraftStopRule:
 # The least a sibling's row is charged, in target steps: its cache bookkeeping, its logit
 # row's argmax and the round's extra work, about 1 % of a 1.5B step on a CPU, doubled for
 # the cost table's noise (a batch's calibrated cost can even fall with one more row).
+# Chosen with sibling branches (commit 2ec15eb, 2026-12-03), not tuned.
 SIBLING_ROW_FLOOR = 0.02
 
 
@@ -317,16 +323,16 @@ class DrafterStats:
         return self.accepted / self.drafted if self.drafted else None
 
 
-ForwardPass = tuple[int, float]  # (tokens evaluated, seconds)
-
-
 class Drafter(Protocol):
-    """Proposes the next tokens of a context.
+    """Proposes the next tokens of a context: the interface every drafter implements.
 
-    ``lookup`` is True for drafters whose proposals cost next to nothing (table lookups):
-    the planner asks them before deciding. False for model drafters, whose cost grows with
-    every token drafted; those name their ``engine`` (so that the planner can calibrate
-    its costs) and report the forward passes of their last draft (``last_passes``).
+    Two calls, as llama.cpp's drafters have begin / draft / accept: :meth:`unread` (what a
+    draft model must read first, which the planner weighs) and :meth:`draft`; the loop
+    counts what was accepted in :attr:`stats`. ``lookup`` is True for drafters whose
+    proposals cost next to nothing (table lookups): the loop asks them before the plan.
+    False for model drafters, whose cost grows with every token drafted; those name their
+    ``engine`` (so that the planner can calibrate its costs and the loop count its time)
+    and report a draft's forward passes in it (:attr:`Draft.passes`).
     """
 
     @property
@@ -342,11 +348,6 @@ class Drafter(Protocol):
     @property
     def engine(self) -> ModelEngine | None:
         """The model this drafter runs (None for lookups and plain decoding)."""
-        ...
-
-    @property
-    def last_passes(self) -> Sequence[ForwardPass]:
-        """The forward passes of the last :meth:`draft` call (empty for lookups)."""
         ...
 
     @property
@@ -374,8 +375,4 @@ class Drafter(Protocol):
 
         ``stop``: where a draft model stops (None: at its own p-min); lookups ignore it.
         """
-        ...
-
-    def engine_seconds(self) -> float:
-        """Wall time the drafter spent in forward passes so far."""
         ...

@@ -139,6 +139,7 @@ def draft_tooltip(sidebar: Sidebar, data: str | Path) -> str:
     return str(tooltip)
 
 
+@pytest.mark.default_pair
 def test_the_default_pair_is_selected_first(
     sidebar: Sidebar, qwen_main_path: Path, qwen_draft_path: Path
 ) -> None:
@@ -150,6 +151,7 @@ def test_the_default_pair_is_selected_first(
     assert draft.path == qwen_draft_path
 
 
+@pytest.mark.default_pair
 def test_drafts_are_filtered_by_compatibility(
     sidebar: Sidebar,
     qwen_main_path: Path,
@@ -173,6 +175,7 @@ def test_drafts_are_filtered_by_compatibility(
     assert draft_enabled(sidebar, DRAFT_CHOICE_OFF)
 
 
+@pytest.mark.default_pair
 def test_a_main_without_compatible_drafts_falls_back_to_ngram(
     sidebar: Sidebar, smollm_path: Path, qwen_draft_path: Path
 ) -> None:
@@ -182,6 +185,7 @@ def test_a_main_without_compatible_drafts_falls_back_to_ngram(
     assert draft_enabled(sidebar, smollm_path)
 
 
+@pytest.mark.default_pair
 def test_model_cards_show_the_facts(sidebar: Sidebar, qwen_main_path: Path) -> None:
     main = sidebar.selected_main()
     draft = sidebar.selected_draft()
@@ -216,6 +220,7 @@ def test_model_cards_show_the_facts(sidebar: Sidebar, qwen_main_path: Path) -> N
         ("draft-model", DRAFT_CHOICE_OFF, "off", False),
     ],
 )
+@pytest.mark.default_pair
 def test_load_request_maps_the_choices(
     sidebar: Sidebar,
     qwen_main_path: Path,
@@ -240,6 +245,7 @@ def test_load_request_maps_the_choices(
     )
 
 
+@pytest.mark.default_pair
 def test_draft_model_mode_without_a_draft_is_an_inline_error(
     sidebar: Sidebar, qtbot: QtBot
 ) -> None:
@@ -257,6 +263,7 @@ def test_draft_model_mode_without_a_draft_is_an_inline_error(
     assert sidebar.error_text() == ""
 
 
+@pytest.mark.default_pair
 def test_pressing_load_emits_the_selected_request(
     sidebar: Sidebar, qtbot: QtBot, settings: AppSettings, smollm_path: Path
 ) -> None:
@@ -277,6 +284,7 @@ def test_pressing_load_emits_the_selected_request(
     ]
 
 
+@pytest.mark.default_pair
 def test_selection_is_remembered(
     qtbot: QtBot,
     sidebar: Sidebar,
@@ -299,6 +307,7 @@ def test_selection_is_remembered(
     assert reopened.load_request().method == "off"
 
 
+@pytest.mark.default_pair
 def test_an_incompatible_remembered_draft_is_replaced(
     qtbot: QtBot,
     settings: AppSettings,
@@ -317,6 +326,7 @@ def test_an_incompatible_remembered_draft_is_replaced(
     assert draft.path == qwen_draft_path
 
 
+@pytest.mark.default_pair
 def test_pair_changed_is_emitted_on_selection(
     sidebar: Sidebar, qtbot: QtBot, smollm_path: Path
 ) -> None:
@@ -326,6 +336,7 @@ def test_pair_changed_is_emitted_on_selection(
         pick(combo(sidebar, "draftPicker"), DRAFT_CHOICE_OFF)
 
 
+@pytest.mark.default_pair
 def test_settings_widgets_follow_the_declarations(sidebar: Sidebar) -> None:
     specs = {spec.key: spec for spec in SETTINGS}
     captions = {label.text(): label for label in sidebar.findChildren(QLabel)}
@@ -346,6 +357,7 @@ def test_settings_widgets_follow_the_declarations(sidebar: Sidebar) -> None:
     assert seed.text() == "random"
 
 
+@pytest.mark.default_pair
 def test_settings_widgets_write_through(
     sidebar: Sidebar, settings: AppSettings, qtbot: QtBot
 ) -> None:
@@ -377,6 +389,7 @@ def test_settings_widgets_write_through(
     assert persisted.get("exact_verification") is False
 
 
+@pytest.mark.default_pair
 def test_settings_changed_elsewhere_show_in_the_form(
     sidebar: Sidebar, settings: AppSettings
 ) -> None:
@@ -397,6 +410,7 @@ def test_settings_changed_elsewhere_show_in_the_form(
     assert sidebar.load_request().method == "ngram-simple"
 
 
+@pytest.mark.default_pair
 def test_loaded_state_shows_placement_and_offers_unload(sidebar: Sidebar, qtbot: QtBot) -> None:
     load = button(sidebar, "loadButton")
     with qtbot.waitSignal(sidebar.load_requested):
@@ -432,6 +446,7 @@ def test_loaded_state_shows_placement_and_offers_unload(sidebar: Sidebar, qtbot:
     assert load.text() == "Load"
 
 
+@pytest.mark.default_pair
 def test_changing_the_pair_after_loading_offers_reload(
     sidebar: Sidebar, qtbot: QtBot, smollm_path: Path
 ) -> None:
@@ -449,6 +464,7 @@ def test_changing_the_pair_after_loading_offers_reload(
     assert request.main_path == str(smollm_path)
 
 
+@pytest.mark.default_pair
 def test_busy_locks_the_model_choice(sidebar: Sidebar) -> None:
     sidebar.set_busy(True)
     for name in ("enginePicker", "mainPicker", "draftPicker", "methodPicker"):
@@ -461,6 +477,7 @@ def test_busy_locks_the_model_choice(sidebar: Sidebar) -> None:
     assert button(sidebar, "loadButton").isEnabled()
 
 
+@pytest.mark.default_pair
 def test_show_error_shows_the_message(sidebar: Sidebar, smollm_path: Path) -> None:
     message = "not enough memory for the main model: needs 3.1 GB, 1.2 GB free"
     sidebar.show_error(message)
@@ -473,6 +490,7 @@ def test_show_error_shows_the_message(sidebar: Sidebar, smollm_path: Path) -> No
     assert sidebar.error_text() == ""
 
 
+@pytest.mark.default_pair
 def test_scan_problems_are_summarised(sidebar: Sidebar, real_scan: CatalogScan) -> None:
     problems = (
         ScanProblem(Path("/models/broken.gguf"), "truncated file: 12 bytes of 4096"),
@@ -489,6 +507,7 @@ def test_scan_problems_are_summarised(sidebar: Sidebar, real_scan: CatalogScan) 
     assert not label.isVisible()
 
 
+@pytest.mark.default_pair
 def test_an_empty_catalog_offers_the_default_pair(sidebar: Sidebar, qtbot: QtBot) -> None:
     sidebar.set_catalog(CatalogScan((), ()))
     fetch = button(sidebar, "fetchDefaultPairButton")
@@ -503,6 +522,7 @@ def test_an_empty_catalog_offers_the_default_pair(sidebar: Sidebar, qtbot: QtBot
         QTest.mouseClick(button(sidebar, "openFolderButton"), Qt.MouseButton.LeftButton)
 
 
+@pytest.mark.default_pair
 def test_the_fetch_button_hides_when_there_are_models(sidebar: Sidebar) -> None:
     assert not button(sidebar, "fetchDefaultPairButton").isVisible()
 
@@ -526,6 +546,7 @@ def test_mlx_is_offered_only_when_installed(
     assert engines.currentData() == "llama.cpp"
 
 
+@pytest.mark.default_pair
 def test_choosing_mlx_lists_only_mlx_folders_and_goes_into_the_request(
     qtbot: QtBot,
     settings: AppSettings,
@@ -584,6 +605,7 @@ def test_an_mlx_main_offers_its_gguf_twin_as_a_draft_imported_at_load(
     assert tooltip.startswith("cannot draft: an MLX folder and the main model is a GGUF file")
 
 
+@pytest.mark.default_pair
 def test_a_pending_system_prompt_is_saved_on_hide(sidebar: Sidebar, settings: AppSettings) -> None:
     prompt = sidebar.setting_widget("system_prompt")
     assert isinstance(prompt, QPlainTextEdit)
