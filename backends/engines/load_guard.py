@@ -218,7 +218,7 @@ def after_load_crash(
     """Record a crash while loading ``model``; retry once unless the safest settings crashed.
 
     ``retried``: this load was already the retry (a second crash ends the attempts). The
-    window's engine client and specdeck-bench's worker watcher both decide here.
+    window's load controller and specdeck-bench's worker watcher both decide here.
     """
     records.record(model, settings, stage, cause)
     line = crash_message(model, stage, settings, cause)

@@ -52,7 +52,12 @@ from backends.service.generation_options import (
     generation_options_from_args,
     generation_settings,
 )
-from backends.service.loaded_pair import crash_safe_request, mlx_import, open_pair
+from backends.service.loaded_pair import (
+    crash_safe_request,
+    mlx_import,
+    open_pair,
+    request_from_args,
+)
 from backends.service.protocol import ENGINE_KINDS, LoadRequest
 from backends.service.suite_prompts import SUITE_PROMPTS
 from backends.service.tuning import DEFAULT_BUDGET_SECONDS
@@ -62,7 +67,6 @@ from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
 if TYPE_CHECKING:
     from backends.models.gguf_to_mlx import ImportProgress, ImportProgressBar
     from backends.service.loaded_pair import ImportReport
-    from backends.speculation.methods import SpeculationMethod
 
 DEFAULT_BENCH_MAX_TOKENS = 128
 
@@ -210,29 +214,6 @@ def _model_paths(
     return main, draft
 
 
-def _load_request(
-    args: argparse.Namespace,
-    main: Path,
-    draft: Path | None,
-    method: SpeculationMethod,
-) -> LoadRequest:
-    """What the flags ask to load, as the engine process is asked (settings as requested)."""
-    workers, layer_split = worker_options(args)
-    return LoadRequest(
-        main_path=str(main),
-        draft_path=None if draft is None else str(draft),
-        engine=args.engine,
-        method=method,
-        n_ctx=args.ctx,
-        gpu_layers=args.gpu_layers,
-        n_threads=args.threads,
-        weight_repacking=args.weight_repacking,
-        workers=workers,
-        layer_split=layer_split,
-        draft_weights=args.draft_weights,
-    )
-
-
 def _crash_safe(request: LoadRequest, stage_file: Path) -> tuple[LoadRequest, list[str]]:
     """The request with the settings the crash records allow, and the note when they differ.
 
@@ -279,7 +260,7 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
         imports = _import_bars()
         main_path, draft_path = _model_paths(args, imports)
         request, avoided = _crash_safe(
-            _load_request(args, main_path, draft_path, method), stage_file
+            request_from_args(args, main_path, draft_path, method), stage_file
         )
         with open_pair(request, import_progress=imports) as pair:
             checkpoint("loaded", request.main_path)
@@ -335,7 +316,7 @@ def _tune(args: argparse.Namespace, stage_file: Path) -> int:
     main_path, _no_draft = _model_paths(args, _import_bars(), with_draft=False)
     drafts = None if args.draft is None else [args.draft]
     # The main model alone, no calibration: the trials load their drafts and measure.
-    request, _avoided = _crash_safe(_load_request(args, main_path, None, "off"), stage_file)
+    request, _avoided = _crash_safe(request_from_args(args, main_path, None, "off"), stage_file)
     prompt = _read_prompt(args) if args.prompt or args.prompt_file else None
     with open_pair(request) as pair:
         checkpoint("loaded", request.main_path)

@@ -41,11 +41,14 @@ from backends.models.catalog import read_catalog_model
 from backends.models.compat import check_compatibility, compatibility_problem
 from backends.service.pair_runs import answer, compare_from_empty
 from backends.service.pair_tuning import recall_tuning, tune, tuning_key
+from backends.service.protocol import LoadRequest
+from backends.service.worker_cli import worker_options
 from backends.speculation.methods import build_decoder
 from backends.speculation.planner import CostCache
 from backends.speculation.types import DEFAULT_P_MIN
 
 if TYPE_CHECKING:
+    import argparse
     import threading
     from collections.abc import Iterator, Sequence
     from types import TracebackType
@@ -56,7 +59,6 @@ if TYPE_CHECKING:
     from backends.models.gguf_to_mlx import ImportProgress
     from backends.service.pair_runs import Answer, Comparison, RunObserver
     from backends.service.pair_tuning import TuningRun
-    from backends.service.protocol import LoadRequest
     from backends.service.tuning import TrialPrompt, TuningProgress
     from backends.service.tuning_memory import Recall, TuningMemory
     from backends.speculation.loop import SpeculativeDecoder
@@ -74,6 +76,26 @@ CALIBRATION_FRACTION = 0.92
 
 LoadProgressReport = Callable[[float, str], None]  # (fraction 0..1, what is being done)
 ImportReport = Callable[[Path, "ImportProgress"], None]  # (the GGUF being imported, how far)
+
+
+def request_from_args(
+    args: argparse.Namespace, main: Path, draft: Path | None, method: SpeculationMethod
+) -> LoadRequest:
+    """What the load flags of specdeck-bench and specdeck serve ask to load (as requested)."""
+    workers, layer_split = worker_options(args)
+    return LoadRequest(
+        main_path=str(main),
+        draft_path=None if draft is None else str(draft),
+        engine=args.engine,
+        method=method,
+        n_ctx=args.ctx,
+        gpu_layers=args.gpu_layers,
+        n_threads=args.threads,
+        weight_repacking=args.weight_repacking,
+        workers=workers,
+        layer_split=layer_split,
+        draft_weights=args.draft_weights,
+    )
 
 
 @dataclass

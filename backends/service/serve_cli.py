@@ -40,9 +40,10 @@ from backends.service.loaded_pair import (
     check_files,
     crash_safe_request,
     open_pair,
+    request_from_args,
 )
-from backends.service.protocol import ENGINE_KINDS, LoadRequest
-from backends.service.worker_cli import add_worker_options, worker_options
+from backends.service.protocol import ENGINE_KINDS
+from backends.service.worker_cli import add_worker_options
 from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
 from backends.speculation.types import DEFAULT_MAX_TOKENS
 
@@ -211,20 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             cors_origins=tuple(args.cors_origin),
         )
         main_path, draft_path = _model_paths(args)
-        workers, layer_split = worker_options(args)
-        request = LoadRequest(
-            main_path=str(main_path),
-            draft_path=None if draft_path is None else str(draft_path),
-            engine=args.engine,
-            method=method,
-            n_ctx=args.ctx,
-            gpu_layers=args.gpu_layers,
-            n_threads=args.threads,
-            weight_repacking=args.weight_repacking,
-            workers=workers,
-            layer_split=layer_split,
-            draft_weights=args.draft_weights,
-        )
+        request = request_from_args(args, main_path, draft_path, method)
         # Missing, corrupt or mismatched files, and a load that crashed even with the
         # safest settings: said before the port opens.
         check_files(request)
