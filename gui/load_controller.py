@@ -24,10 +24,10 @@ from backends.engines.load_guard import (
     CrashRecords,
     LoadRefusedError,
     after_load_crash,
-    avoided_crash_note,
 )
 from backends.errors import SpecDeckError
 from backends.models.catalog import CatalogScan, default_model_folders, scan_models
+from backends.service.loaded_pair import crash_safe_request
 from gui.background import BackgroundTask
 from gui.engine_client import EngineDeath, PairReport
 from gui.settings import extra_model_folders
@@ -286,7 +286,7 @@ class LoadController(QObject):
             self.client.stop()
         self.sidebar.clear_error()
         try:
-            settings, crash = self.crash_records.choose(request.models, request.risky)
+            safe_request, note = crash_safe_request(request, self.crash_records)
         except LoadRefusedError as error:
             self.sidebar.set_loading(False)
             self.sidebar.set_unloaded()
@@ -294,10 +294,9 @@ class LoadController(QObject):
             self._set(self.state.load_refused(retrying_after))
             self.gave_up.emit(str(error))
             return
-        notes = (avoided_crash_note(crash),) if crash is not None else ()
-        self._set(self.state.load_begun(notes, retrying_after))
+        self._set(self.state.load_begun((note,) if note else (), retrying_after))
         self.sidebar.set_loading(True, request)
-        self.client.load(request.with_risky(settings))
+        self.client.load(safe_request)
         self.status.set_engine_pid(self.client.pid)
 
     def reload(self) -> None:

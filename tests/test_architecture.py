@@ -45,6 +45,7 @@ ENGINE_ORDER = (
     "draft_weights",
     "chat_template",
     "base",
+    "llama_native",
     "llama",
     "mlx",
     "rpc_worker",

@@ -15,7 +15,8 @@ from backends.engines.draft_weights import (
     fast_copy_path,
     wants_q4_0,
 )
-from backends.engines.llama import LlamaEngine, LlamaLoadSettings, requantize_q4_0
+from backends.engines.llama import LlamaEngine, LlamaLoadSettings
+from backends.engines.llama_native import requantize_q4_0
 from backends.errors import ModelFileError, SettingsError
 from backends.models.gguf_info import read_model_info
 from backends.paths import CACHE_DIR_ENV

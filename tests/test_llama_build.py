@@ -1,7 +1,8 @@
 """What SpecDeck copies from llama.cpp, checked against the built library, and the patches.
 
 SpecDeck talks to llama.cpp through ctypes and its log, so it holds copies of enum values
-(backends/engines/llama.py, weight_placement.py), of log lines' shapes (llama.py) and of the
+(backends/engines/llama_native.py, weight_placement.py), of log lines' shapes
+(llama_native.py) and of the
 RPC protocol version (rpc.py). Each is checked here against the installed build: its headers
 (installed with it by packaging/llama.cpp/build-wheel), its libraries' own strings and name
 functions, and a worker it serves. The patches themselves: git format-patch output on one
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from backends.engines import hardware, llama, rpc, weight_placement
+from backends.engines import hardware, llama_native, rpc, weight_placement
 from tests.llama_headers import define_value, enum_values, header
 from tests.workers import Worker
 
@@ -33,21 +34,27 @@ PATCHES = ROOT / "packaging" / "llama.cpp"
 
 # (module, copied name, header, enum, the enumerator it copies)
 COPIED_ENUM_VALUES: tuple[tuple[ModuleType, str, str, str, str], ...] = (
-    (llama, "_GGML_LOG_DEBUG", "ggml.h", "ggml_log_level", "GGML_LOG_LEVEL_DEBUG"),
-    (llama, "_GGML_LOG_WARN", "ggml.h", "ggml_log_level", "GGML_LOG_LEVEL_WARN"),
-    (llama, "_GGML_LOG_CONT", "ggml.h", "ggml_log_level", "GGML_LOG_LEVEL_CONT"),
-    (llama, "_GGML_TYPE_F16", "ggml.h", "ggml_type", "GGML_TYPE_F16"),
-    (llama, "_GGML_TYPE_Q8_0", "ggml.h", "ggml_type", "GGML_TYPE_Q8_0"),
-    (llama, "_GGML_TYPE_Q4_0", "ggml.h", "ggml_type", "GGML_TYPE_Q4_0"),
+    (llama_native, "GGML_LOG_DEBUG", "ggml.h", "ggml_log_level", "GGML_LOG_LEVEL_DEBUG"),
+    (llama_native, "GGML_LOG_WARN", "ggml.h", "ggml_log_level", "GGML_LOG_LEVEL_WARN"),
+    (llama_native, "GGML_LOG_CONT", "ggml.h", "ggml_log_level", "GGML_LOG_LEVEL_CONT"),
+    (llama_native, "GGML_TYPE_F16", "ggml.h", "ggml_type", "GGML_TYPE_F16"),
+    (llama_native, "GGML_TYPE_Q8_0", "ggml.h", "ggml_type", "GGML_TYPE_Q8_0"),
+    (llama_native, "GGML_TYPE_Q4_0", "ggml.h", "ggml_type", "GGML_TYPE_Q4_0"),
     (
-        llama,
-        "_FLASH_ATTENTION_ENABLED",
+        llama_native,
+        "FLASH_ATTENTION_ENABLED",
         "llama.h",
         "llama_flash_attn_type",
         "LLAMA_FLASH_ATTN_TYPE_ENABLED",
     ),
-    (llama, "_LLAMA_SPLIT_MODE_LAYER", "llama.h", "llama_split_mode", "LLAMA_SPLIT_MODE_LAYER"),
-    (llama, "_LLAMA_FTYPE_MOSTLY_Q4_0", "llama.h", "llama_ftype", "LLAMA_FTYPE_MOSTLY_Q4_0"),
+    (
+        llama_native,
+        "LLAMA_SPLIT_MODE_LAYER",
+        "llama.h",
+        "llama_split_mode",
+        "LLAMA_SPLIT_MODE_LAYER",
+    ),
+    (llama_native, "LLAMA_FTYPE_MOSTLY_Q4_0", "llama.h", "llama_ftype", "LLAMA_FTYPE_MOSTLY_Q4_0"),
     (
         weight_placement,
         "_GGML_DEVICE_TYPE_CPU",
@@ -87,13 +94,14 @@ def test_the_built_libraries_name_the_copied_values_as_expected() -> None:
     from llama_cpp import _ggml
 
     ggml_type_name = _name_function(_ggml.libggml, "ggml_type_name")
-    assert ggml_type_name(llama._GGML_TYPE_F16) == b"f16"
-    assert ggml_type_name(llama._GGML_TYPE_Q8_0) == b"q8_0"
-    assert ggml_type_name(llama._GGML_TYPE_Q4_0) == b"q4_0"
+    assert ggml_type_name(llama_native.GGML_TYPE_F16) == b"f16"
+    assert ggml_type_name(llama_native.GGML_TYPE_Q8_0) == b"q8_0"
+    assert ggml_type_name(llama_native.GGML_TYPE_Q4_0) == b"q4_0"
     libllama = llama_cpp.llama_cpp._lib
-    assert _name_function(libllama, "llama_ftype_name")(llama._LLAMA_FTYPE_MOSTLY_Q4_0) == b"Q4_0"
+    ftype_name = _name_function(libllama, "llama_ftype_name")
+    assert ftype_name(llama_native.LLAMA_FTYPE_MOSTLY_Q4_0) == b"Q4_0"
     flash_attention = _name_function(libllama, "llama_flash_attn_type_name")
-    assert flash_attention(llama._FLASH_ATTENTION_ENABLED) == b"enabled"
+    assert flash_attention(llama_native.FLASH_ATTENTION_ENABLED) == b"enabled"
     lib = hardware.ggml_device_library()
     assert lib is not None
     hardware.load_ggml_backends()
@@ -163,8 +171,8 @@ def test_the_weight_buffer_pattern_reads_the_librarys_own_line() -> None:
     for text in shaped:
         line, arguments = _render(text)
         before = _CONVERSION.findall(text[: text.index(" model buffer size")])
-        found = llama._MODEL_BUFFER_LINE.search(line)
-        assert found is not None, f"{llama._MODEL_BUFFER_LINE.pattern!r} misses {line!r}"
+        found = llama_native.MODEL_BUFFER_LINE.search(line)
+        assert found is not None, f"{llama_native.MODEL_BUFFER_LINE.pattern!r} misses {line!r}"
         assert found.group(1) == arguments[len(before) - 1], line
 
 
@@ -175,11 +183,11 @@ def test_the_layer_device_pattern_reads_the_librarys_own_line_and_no_other() -> 
     assert shaped, f"no 'layer N assigned to device D' line in the built llama.cpp: {formats}"
     for text in formats:
         line, arguments = _render(text)
-        found = llama._LAYER_DEVICE_LINE.search(line)
+        found = llama_native.LAYER_DEVICE_LINE.search(line)
         if text not in shaped:
             assert found is None, f"{line!r} is not a layer's assignment"
             continue
-        assert found is not None, f"{llama._LAYER_DEVICE_LINE.pattern!r} misses {line!r}"
+        assert found is not None, f"{llama_native.LAYER_DEVICE_LINE.pattern!r} misses {line!r}"
         layer = len(_CONVERSION.findall(text[: text.index(" assigned to device")])) - 1
         assert (found.group(1), found.group(2)) == (arguments[layer], arguments[layer + 1]), line
 
@@ -187,7 +195,7 @@ def test_the_layer_device_pattern_reads_the_librarys_own_line_and_no_other() -> 
 def test_the_variables_and_features_specdeck_reads_are_the_librarys() -> None:
     import llama_cpp
 
-    for variable in (llama._TILED_MIN_ROWS_VARIABLE, "GGML_CPU_SPECDECK_KERNELS"):
+    for variable in (llama_native.TILED_MIN_ROWS_VARIABLE, "GGML_CPU_SPECDECK_KERNELS"):
         assert variable in _library_strings(variable.encode()), (
             f"the built llama.cpp never reads ${variable}: not SpecDeck's build (scripts/setup)"
         )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from backends.engines.draft_weights import drafting_file
-from backends.engines.llama import requantize_q4_0
+from backends.engines.llama_native import requantize_q4_0
 from backends.models.gguf_info import read_model_info
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.planner import BatchCosts

@@ -19,12 +19,11 @@ from backends.service.tuning import (
     TrialSetup,
     TuningRow,
     candidate_setups,
-    expected_tokens,
-    predict_speedup,
     trial_prompts,
     winner,
 )
 from backends.service.tuning_memory import RememberedTuning, TuningMemory, machine_key
+from backends.service.tuning_prediction import expected_tokens, predict_speedup
 from backends.speculation.types import GenerationSettings, SpeculationStats
 from tests.conftest import TEST_CONTEXT
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from backends.service.tuning import expected_tokens as predicted_tokens
+from backends.service.tuning_prediction import expected_tokens as predicted_tokens
 from backends.speculation.estimates import expected_tokens, reach_chances
 from backends.speculation.sampling import SamplingSettings, probabilities, sample
 from backends.speculation.types import Sibling

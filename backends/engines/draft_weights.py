@@ -12,7 +12,7 @@ is ever requantized: the main model decides every token, so the output stays exa
 main model's.
 
 :func:`drafting_file` gives the file to load: the stored one, or the Q4_0 copy, made with
-llama.cpp's own ``llama_model_quantize`` (:func:`backends.engines.llama.requantize_q4_0`)
+llama.cpp's own ``llama_model_quantize`` (:func:`backends.engines.llama_native.requantize_q4_0`)
 on first use into ``<cache dir>/fast-drafts``
 (keyed by the source's name, size and modification time; a stale copy of the same model
 is removed) and reused afterwards.
@@ -92,7 +92,7 @@ def drafting_file(
     """The file to load as the draft, and a note for the load report (None: as stored).
 
     ``requantize(source, target)`` writes the Q4_0 copy when there is none yet (the engine
-    that loads the draft brings it: ``backends.engines.llama.requantize_q4_0``).
+    that loads the draft brings it: ``backends.engines.llama_native.requantize_q4_0``).
     """
     if not wants_q4_0(mode, info, on_gpu=on_gpu):
         return info.path, None

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
-import os
-import re
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +19,6 @@ from backends.engines.hardware import (
     available_memory,
     ggml_devices,
     llama_build_info,
-    load_ggml_backends,
     physical_cores,
 )
 from backends.engines.interface import (
@@ -33,6 +28,17 @@ from backends.engines.interface import (
     VocabFacts,
     probe_exact_batch_limit,
     probe_exact_batches_and_siblings,
+)
+from backends.engines.llama_native import (
+    FLASH_ATTENTION_ENABLED,
+    GGML_TYPE_F16,
+    GGML_TYPE_Q8_0,
+    LLAMA_SPLIT_MODE_LAYER,
+    NativeLog,
+    exact_batch_ceiling,
+    init_llama_cpp,
+    recent_native_errors,
+    requantize_q4_0,
 )
 from backends.engines.load_guard import SAFEST, RiskySettings, checkpoint
 from backends.engines.rpc import (
@@ -68,39 +74,13 @@ if TYPE_CHECKING:
     from backends.engines.hardware import LlamaBuildInfo
 
 log = logging.getLogger(__name__)
-native_log = logging.getLogger("backends.engines.llama.native")
 
 DEFAULT_BATCH_SIZE = 512
 ALL_LAYERS = -1
 _TOKEN_PIECE_BUFFER = 256
-# SpecDeck's llama.cpp build (packaging/llama.cpp/exact-batches.patch) sums repacked Q4_K
-# batches the way single steps do, and takes the tiled K-quant matmul only from this many
-# batch rows on (llama.cpp: 8): smaller batches then run the kernels of a single step, so
-# every verification batch below it can reproduce single-token logits bit for bit.
-TILED_MATMUL_MIN_ROWS = 64
-_TILED_MIN_ROWS_VARIABLE = "GGML_CPU_TILED_MM_MIN_ROWS"
 _PROBE_MAX_BATCH = 17  # batch sizes probed for exactness: 2 .. this (a 16-token lookup + 1)
 
-# Copied from the built llama.cpp's ggml.h and llama.h, as the log lines' shapes below are
-# from its log: tests/test_llama_build.py checks each against the installed build
-# (packaging/llama.cpp/README.md, "Upgrading").
-_GGML_LOG_DEBUG = 1  # enum ggml_log_level
-_GGML_LOG_WARN = 3
-_GGML_LOG_CONT = 5
-_GGML_TYPE_F16 = 1  # enum ggml_type
-_GGML_TYPE_Q4_0 = 2
-_GGML_TYPE_Q8_0 = 8
-_FLASH_ATTENTION_ENABLED = 1  # enum llama_flash_attn_type
-_LLAMA_SPLIT_MODE_LAYER = 1  # enum llama_split_mode
-_LLAMA_FTYPE_MOSTLY_Q4_0 = 2  # enum llama_ftype
-
 LoadProgress = Callable[[float], None]
-# llama.cpp logs where each model's weights went: "load_tensors: CPU_REPACK model buffer size
-# = 580.00 MiB" (the buffer type's name, then its size).
-_MODEL_BUFFER_LINE = re.compile(r"(\S+) model buffer size\s*=")
-# ... and, at debug level, each layer's device: "load_tensors: layer  12 assigned to device
-# RPC0, is_swa = 0".
-_LAYER_DEVICE_LINE = re.compile(r"layer\s+(\d+) assigned to device (\S+?),")
 
 
 @dataclass(frozen=True)
@@ -159,82 +139,6 @@ class LlamaLoadSettings:
         check_draft_weights(self.draft_weights)
 
 
-class _NativeLog:
-    """Routes llama.cpp's log to Python logging and remembers the last errors for messages."""
-
-    def __init__(self) -> None:
-        import llama_cpp
-
-        self.recent_errors: list[str] = []
-        self.weight_buffers: list[str] = []  # "<type> model buffer size" lines of a load
-        self.layer_devices: dict[int, str] = {}  # "layer N assigned to device D" of a load
-        self._lock = threading.Lock()
-        self._line = ""
-        self._line_level = _GGML_LOG_DEBUG
-        # Keep the ctypes callback alive for as long as llama.cpp may call it.
-        self.callback = llama_cpp.llama_log_callback(self._on_log)
-        llama_cpp.llama_log_set(self.callback, ctypes.c_void_p(0))
-
-    def _on_log(self, level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-        message = text.decode("utf-8", errors="replace")
-        with self._lock:
-            if level != _GGML_LOG_CONT:
-                self._line_level = level
-            level = self._line_level
-            self._line += message
-            if not self._line.endswith("\n"):
-                return
-            line, self._line = self._line.strip(), ""
-            buffer = _MODEL_BUFFER_LINE.search(line)
-            if buffer is not None:
-                self.weight_buffers.append(buffer.group(1))
-            assigned = _LAYER_DEVICE_LINE.search(line)
-            if assigned is not None:
-                self.layer_devices[int(assigned.group(1))] = assigned.group(2)
-        if level >= _GGML_LOG_WARN:
-            with self._lock:
-                self.recent_errors = [*self.recent_errors[-9:], line]
-            native_log.warning("%s", line)
-        else:
-            native_log.debug("%s", line)
-
-    def take_weight_buffers(self) -> tuple[str, ...]:
-        """The buffer types weights were loaded into since the last call, e.g. CPU_REPACK."""
-        with self._lock:
-            buffers, self.weight_buffers = self.weight_buffers, []
-        return tuple(dict.fromkeys(buffers))
-
-    def take_layer_devices(self) -> dict[int, str]:
-        """Which device each layer of the last load went to (llama.cpp's device names)."""
-        with self._lock:
-            devices, self.layer_devices = self.layer_devices, {}
-        return devices
-
-    def take_errors(self) -> str:
-        with self._lock:
-            errors, self.recent_errors = self.recent_errors, []
-        return "; ".join(e for e in errors if e)
-
-
-_native_log: _NativeLog | None = None
-_native_lock = threading.Lock()
-
-
-def init_llama_cpp() -> _NativeLog:
-    """Start llama.cpp once per process: backends loaded, exact-batch kernels, log routed."""
-    global _native_log
-    with _native_lock:
-        if _native_log is None:
-            # Read by ggml once, at the first matmul; a value set by the user wins.
-            os.environ.setdefault(_TILED_MIN_ROWS_VARIABLE, str(TILED_MATMUL_MIN_ROWS))
-            import llama_cpp
-
-            load_ggml_backends()
-            llama_cpp.llama_backend_init()
-            _native_log = _NativeLog()
-        return _native_log
-
-
 def _kernels_note(build: LlamaBuildInfo, *, on_cpu: bool) -> tuple[str, ...]:
     """The load report's line on SpecDeck's own CPU kernels, where they serve this model."""
     kernels = build.specdeck_kernels
@@ -244,53 +148,6 @@ def _kernels_note(build: LlamaBuildInfo, *, on_cpu: bool) -> tuple[str, ...]:
         f"SpecDeck's CPU kernels for {', '.join(kernels)} weights: llama.cpp's numbers, "
         "single steps and verification batches in fewer instructions",
     )
-
-
-def exact_batch_ceiling() -> int:
-    """The batch size assumed exact when every probed size is: below the tiled threshold.
-
-    The probe tries batches up to 17 tokens; bigger ones up to the threshold take the same
-    kernels (single-step ``vec_dot``, whole GEMM groups), from it on the tiled one.
-    """
-    value = os.environ.get(_TILED_MIN_ROWS_VARIABLE, "")
-    rows = int(value) if value.isdigit() else 8
-    return max(rows, 8) - 1
-
-
-def requantize_q4_0(source: Path, target: Path) -> None:
-    """Write ``source`` with every quantized tensor in Q4_0 (embedding and output too).
-
-    Written beside ``target`` and renamed, so a crash or a full disk never leaves half a
-    model where a later load would find it. A one-line ModelFileError if llama.cpp refuses.
-    """
-    import llama_cpp
-
-    native = init_llama_cpp()
-    native.take_errors()
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = _LLAMA_FTYPE_MOSTLY_Q4_0
-    params.token_embedding_type = _GGML_TYPE_Q4_0
-    params.output_tensor_type = _GGML_TYPE_Q4_0
-    params.allow_requantize = True
-    params.nthread = 0  # all cores
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        status = llama_cpp.llama_model_quantize(
-            str(source).encode(), str(partial).encode(), ctypes.byref(params)
-        )
-        if status != 0 or not partial.is_file():
-            detail = native.take_errors() or f"llama_model_quantize returned {status}"
-            raise ModelFileError(f"cannot requantize draft {source.name} to Q4_0: {detail}")
-        os.replace(partial, target)
-    except OSError as error:
-        raise ModelFileError(
-            f"cannot write the Q4_0 copy of draft {source.name} to {target.parent}: "
-            f"{error.strerror or error}"
-        ) from error
-    finally:
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
 
 
 class LlamaEngine(EngineBase):
@@ -304,6 +161,11 @@ class LlamaEngine(EngineBase):
         is_draft: bool = False,
         progress: LoadProgress | None = None,
     ) -> None:
+        """Load the model and open its context: weights, context, then the exactness probe.
+
+        Raises ModelFileError for a missing, corrupt or unloadable file and EngineError
+        when llama.cpp cannot create the context (memory, most often).
+        """
         import llama_cpp
 
         super().__init__(path)
@@ -317,17 +179,70 @@ class LlamaEngine(EngineBase):
         build = llama_build_info()
         started = time.perf_counter()
         self.weight_plan = apply_plan(WeightPlan.choose(self.settings.weight_repacking))
-
-        model_params = llama_cpp.llama_model_default_params()
         # The draft always goes fully onto the GPU: it runs k times per round, so any layer
         # left on the CPU costs more than it saves in GPU memory.
         gpu_layers = ALL_LAYERS if is_draft else self.settings.gpu_layers
+        worker_addresses = () if is_draft else parse_workers(self.settings.workers)
+
+        weights_note = self._load_weights(
+            native, build, gpu_layers, worker_addresses, is_draft, progress
+        )
+        n_layers = int(llama_cpp.llama_model_n_layer(self._model))
+        threads = self.settings.n_threads or physical_cores()
+        single_path = (
+            self.settings.single_path_attention and not is_draft and not build.supports_gpu_offload
+        )
+        self._open_context(native, threads, single_path, sibling_ready=not worker_addresses)
+
+        offloaded = 0
+        if build.supports_gpu_offload:
+            offloaded = n_layers if gpu_layers == ALL_LAYERS else min(gpu_layers, n_layers)
+        self._vocab_facts = self._read_vocab_facts()
+        self._template = ChatTemplate(self.info.chat_template, self.info.name)
+        weight_buffers = native.take_weight_buffers()
+        layer_placement: tuple[tuple[str, int], ...] = ()
+        if worker_addresses:
+            layer_placement = self._layer_placement(native.take_layer_devices(), n_layers)
+            offloaded = sum(count for where, count in layer_placement if where != LOCAL_CPU_PLACE)
+        if self.settings.probe_exact_batch and not is_draft:
+            self._probe_exactness()
+        self._finish_load(
+            started,
+            backend=build.backend_label,
+            n_layers=n_layers,
+            gpu_layers=offloaded,
+            kv_cache_on_gpu=build.supports_gpu_offload and offloaded > 0,
+            n_threads=threads,
+            unified_memory=build.backend == "Metal",
+            notes=(self.weight_plan.note,)
+            + ((weights_note,) if weights_note else ())
+            + _kernels_note(build, on_cpu=offloaded < n_layers),
+            weight_buffers=weight_buffers,
+            layer_placement=layer_placement,
+        )
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _load_weights(
+        self,
+        native: NativeLog,
+        build: LlamaBuildInfo,
+        gpu_layers: int,
+        worker_addresses: tuple[WorkerAddress, ...],
+        is_draft: bool,
+        progress: LoadProgress | None,
+    ) -> str | None:
+        """Load the weights (on this machine's devices or the workers'); the weights' note.
+
+        A draft loads from its drafting file (a Q4_0 copy where that is lighter on a CPU).
+        """
+        llama_cpp = self._llama
+        model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = 999 if gpu_layers == ALL_LAYERS else gpu_layers
         model_params.use_extra_bufts = self.weight_plan.repack
         self._workers: WorkerConnections | None = None
         self._links: HeldLinks | None = None
         self._remote: tuple[RemoteDevice, ...] = ()
-        worker_addresses = () if is_draft else parse_workers(self.settings.workers)
         if worker_addresses:
             self._place_on_workers(model_params, worker_addresses)
         self._progress_callback = None
@@ -358,13 +273,21 @@ class LlamaEngine(EngineBase):
             raise ModelFileError(f"cannot load model {self.path.name}: {detail}")
         self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
-        n_layers = int(llama_cpp.llama_model_n_layer(model))
+        return weights_note
+
+    def _open_context(
+        self, native: NativeLog, threads: int, single_path: bool, *, sibling_ready: bool
+    ) -> None:
+        """The context (its KV cache) and the batch every forward pass fills.
+
+        ``single_path``: attention through the CPU's one flash-attention path (F16 keys,
+        Q8_0 values), which is what makes sibling branches possible.
+        """
+        llama_cpp, model = self._llama, self._model
         train_ctx = int(llama_cpp.llama_model_n_ctx_train(model))
         n_ctx = self.settings.n_ctx or train_ctx
         if train_ctx > 0:
             n_ctx = min(n_ctx, train_ctx)
-        threads = self.settings.n_threads or physical_cores()
-
         ctx_params = llama_cpp.llama_context_default_params()
         ctx_params.n_ctx = n_ctx
         ctx_params.n_batch = self.settings.n_batch
@@ -372,13 +295,10 @@ class LlamaEngine(EngineBase):
         ctx_params.n_threads = threads
         ctx_params.n_threads_batch = threads
         ctx_params.offload_kqv = True
-        single_path = (
-            self.settings.single_path_attention and not is_draft and not build.supports_gpu_offload
-        )
         if single_path:
-            ctx_params.flash_attn_type = _FLASH_ATTENTION_ENABLED
-            ctx_params.type_k = _GGML_TYPE_F16
-            ctx_params.type_v = _GGML_TYPE_Q8_0
+            ctx_params.flash_attn_type = FLASH_ATTENTION_ENABLED
+            ctx_params.type_k = GGML_TYPE_F16
+            ctx_params.type_v = GGML_TYPE_Q8_0
         # Sibling branches need a second sequence sharing the cells of the first. Only where
         # attention takes the CPU's one flash-attention path: it visits a row's cells in
         # order and skips masked ones, so a branch's cells change no sum (measured:
@@ -389,7 +309,7 @@ class LlamaEngine(EngineBase):
             or llama_cpp.llama_model_is_hybrid(model)
             or llama_cpp.llama_model_n_swa(model) > 0
         )
-        sequences = 2 if single_path and plain_cache and not worker_addresses else 1
+        sequences = 2 if single_path and plain_cache and sibling_ready else 1
         ctx_params.n_seq_max = self._sequences = sequences
         ctx_params.kv_unified = True
         ctx_params.no_perf = True
@@ -408,40 +328,20 @@ class LlamaEngine(EngineBase):
             self._batch.n_seq_id[index] = 1
             self._batch.seq_id[index][0] = 0
 
-        offloaded = 0
-        if build.supports_gpu_offload:
-            offloaded = n_layers if gpu_layers == ALL_LAYERS else min(gpu_layers, n_layers)
-        self._vocab_facts = self._read_vocab_facts()
-        self._template = ChatTemplate(self.info.chat_template, self.info.name)
-        weight_buffers = native.take_weight_buffers()
-        layer_placement: tuple[tuple[str, int], ...] = ()
-        if worker_addresses:
-            layer_placement = self._layer_placement(native.take_layer_devices(), n_layers)
-            offloaded = sum(count for where, count in layer_placement if where != LOCAL_CPU_PLACE)
-        if self.settings.probe_exact_batch and not is_draft:
-            # The first forward pass: where a broken CPU kernel crashes.
-            checkpoint("main-probe", self.path, safe=self.settings.risky == SAFEST)
-            ceiling = min(self._n_batch, exact_batch_ceiling())
-            if sequences > 1:
-                self._exact_batch_limit, self._exact_siblings = probe_exact_batches_and_siblings(
-                    self, _PROBE_MAX_BATCH, ceiling
-                )
-            else:
-                self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, ceiling)
-        self._finish_load(
-            started,
-            backend=build.backend_label,
-            n_layers=n_layers,
-            gpu_layers=offloaded,
-            kv_cache_on_gpu=build.supports_gpu_offload and offloaded > 0,
-            n_threads=threads,
-            unified_memory=build.backend == "Metal",
-            notes=(self.weight_plan.note,)
-            + ((weights_note,) if weights_note else ())
-            + _kernels_note(build, on_cpu=offloaded < n_layers),
-            weight_buffers=weight_buffers,
-            layer_placement=layer_placement,
-        )
+    def _probe_exactness(self) -> None:
+        """How many rows a batch computes exactly as one at a time, and siblings with them.
+
+        This is the first forward pass, where a broken CPU kernel crashes: the checkpoint
+        lets the load guard tell that crash from others.
+        """
+        checkpoint("main-probe", self.path, safe=self.settings.risky == SAFEST)
+        ceiling = min(self._n_batch, exact_batch_ceiling())
+        if self._sequences > 1:
+            self._exact_batch_limit, self._exact_siblings = probe_exact_batches_and_siblings(
+                self, _PROBE_MAX_BATCH, ceiling
+            )
+        else:
+            self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, ceiling)
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -483,7 +383,7 @@ class LlamaEngine(EngineBase):
         self._tensor_split = (ctypes.c_float * self._llama.llama_max_devices())(*plan.device_shares)
         # llama-cpp-python binds this field as a bare pointer (it never uses it).
         model_params.devices = ctypes.addressof(self._device_list)  # type: ignore[assignment]
-        model_params.split_mode = _LLAMA_SPLIT_MODE_LAYER
+        model_params.split_mode = LLAMA_SPLIT_MODE_LAYER
         model_params.tensor_split = self._tensor_split
         model_params.n_gpu_layers = plan.n_gpu_layers
 
@@ -661,7 +561,7 @@ class LlamaEngine(EngineBase):
         return EngineError(f"{self.name}: evaluation failed: {detail}")
 
     def _native_errors(self) -> str:
-        return _native_log.take_errors() if _native_log is not None else ""
+        return recent_native_errors()
 
     def _roll_back(self, n_tokens: int) -> None:
         if not self._llama.llama_memory_seq_rm(self._memory, 0, n_tokens, -1):

@@ -11,7 +11,7 @@ import ctypes
 from typing import TYPE_CHECKING
 
 from backends.engines.hardware import GPU_KINDS, ggml_devices
-from backends.engines.llama import init_llama_cpp
+from backends.engines.llama_native import init_llama_cpp
 from backends.engines.rpc import WorkerError, require_rpc_function
 from backends.errors import SettingsError
 

@@ -26,10 +26,8 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backends.engines.draft_weights import DRAFT_WEIGHT_MODES
-from backends.engines.interface import DEFAULT_CONTEXT_SIZE, ChatMessage
+from backends.engines.interface import ChatMessage
 from backends.engines.load_guard import checkpoint
-from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SettingsError, SpecDeckError
 from backends.models.catalog import read_catalog_model
 from backends.service.bench_report import (
@@ -53,20 +51,21 @@ from backends.service.generation_options import (
     generation_settings,
 )
 from backends.service.loaded_pair import (
+    add_load_arguments,
     crash_safe_request,
     mlx_import,
     open_pair,
     request_from_args,
 )
-from backends.service.protocol import ENGINE_KINDS, LoadRequest
 from backends.service.suite_prompts import SUITE_PROMPTS
 from backends.service.tuning import DEFAULT_BUDGET_SECONDS
-from backends.service.worker_cli import add_worker_options, worker_options
-from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
+from backends.service.worker_cli import worker_options
+from backends.speculation.methods import parse_method
 
 if TYPE_CHECKING:
     from backends.models.gguf_to_mlx import ImportProgress, ImportProgressBar
     from backends.service.loaded_pair import ImportReport
+    from backends.service.protocol import LoadRequest
 
 DEFAULT_BENCH_MAX_TOKENS = 128
 
@@ -81,24 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
             "it uses the default pair (Qwen2.5-Coder 1.5B + 0.5B), fetched on first use."
         ),
     )
-    parser.add_argument(
-        "--main",
-        type=Path,
-        help="main (target) model: a GGUF file, or with --engine mlx also an MLX folder",
-    )
-    parser.add_argument("--draft", type=Path, help="draft model (same kind as --main)")
-    parser.add_argument(
-        "--engine",
-        choices=ENGINE_KINDS,
-        default="llama.cpp",
-        help="inference engine (default: llama.cpp); mlx runs MLX model folders and imports "
-        "a GGUF file (given, or the default pair) into one on first use",
-    )
-    parser.add_argument(
-        "--method",
-        default=DEFAULT_METHOD,
-        help=f"speculation method: {', '.join(METHODS)} (default: {DEFAULT_METHOD})",
-    )
+    add_load_arguments(parser)
     parser.add_argument(
         "--fixed-draft",
         action="store_true",
@@ -138,27 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt-file", type=Path, help="read the user message from a file")
     parser.add_argument("--system", help="system prompt")
     add_generation_arguments(parser, max_tokens=DEFAULT_BENCH_MAX_TOKENS)
-    parser.add_argument(
-        "--ctx", type=int, default=DEFAULT_CONTEXT_SIZE, help="context size in tokens"
-    )
-    parser.add_argument("--threads", type=int, default=None, help="default: physical cores")
-    parser.add_argument(
-        "--gpu-layers", type=int, default=-1, help="main model layers on the GPU (-1 = all)"
-    )
-    parser.add_argument(
-        "--weight-repacking",
-        choices=WEIGHT_REPACKING_MODES,
-        default="auto",
-        help="llama.cpp's repacked CPU weight layouts (never AMX); auto = on",
-    )
-    parser.add_argument(
-        "--draft-weights",
-        choices=DRAFT_WEIGHT_MODES,
-        default="auto",
-        help="the draft's weights: auto = a Q4_0 copy (made once) where that is lighter and "
-        "the draft runs on the CPU; stored = the file as it is; q4_0 = always the copy",
-    )
-    add_worker_options(parser)
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and engine logs")

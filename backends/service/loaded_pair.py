@@ -33,17 +33,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backends.engines.draft_weights import DRAFT_WEIGHT_MODES
 from backends.engines.hardware import available_memory, estimate_pair_memory
+from backends.engines.interface import DEFAULT_CONTEXT_SIZE
 from backends.engines.load_guard import SAFEST, CrashRecords, avoided_crash_note, checkpoint
 from backends.engines.selection import open_engine
+from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SettingsError, SpecDeckError
 from backends.models.catalog import read_catalog_model
 from backends.models.compat import check_compatibility, compatibility_problem
 from backends.service.pair_runs import answer, compare_from_empty
 from backends.service.pair_tuning import recall_tuning, tune, tuning_key
-from backends.service.protocol import LoadRequest
-from backends.service.worker_cli import worker_options
-from backends.speculation.methods import build_decoder
+from backends.service.protocol import ENGINE_KINDS, LoadRequest
+from backends.service.worker_cli import add_worker_options, worker_options
+from backends.speculation.methods import DEFAULT_METHOD, METHODS, build_decoder
 from backends.speculation.planner import CostCache
 from backends.speculation.types import DEFAULT_P_MIN
 
@@ -78,10 +81,56 @@ LoadProgressReport = Callable[[float, str], None]  # (fraction 0..1, what is bei
 ImportReport = Callable[[Path, "ImportProgress"], None]  # (the GGUF being imported, how far)
 
 
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags specdeck-bench and specdeck serve share: which pair, how it loads, workers.
+
+    Read back by :func:`request_from_args` (after the front end resolves the default pair).
+    """
+    parser.add_argument(
+        "--main",
+        type=Path,
+        help="main (target) model: a GGUF file, or with --engine mlx also an MLX folder",
+    )
+    parser.add_argument("--draft", type=Path, help="draft model (same kind as --main)")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINE_KINDS,
+        default="llama.cpp",
+        help="inference engine (default: llama.cpp); mlx runs MLX model folders and imports "
+        "a GGUF file (given, or the default pair) into one on first use",
+    )
+    parser.add_argument(
+        "--method",
+        default=DEFAULT_METHOD,
+        help=f"speculation method: {', '.join(METHODS)} (default: {DEFAULT_METHOD})",
+    )
+    parser.add_argument(
+        "--ctx", type=int, default=DEFAULT_CONTEXT_SIZE, help="context size in tokens"
+    )
+    parser.add_argument("--threads", type=int, default=None, help="default: physical cores")
+    parser.add_argument(
+        "--gpu-layers", type=int, default=-1, help="main model layers on the GPU (-1 = all)"
+    )
+    parser.add_argument(
+        "--weight-repacking",
+        choices=WEIGHT_REPACKING_MODES,
+        default="auto",
+        help="llama.cpp's repacked CPU weight layouts (never AMX); auto = on",
+    )
+    parser.add_argument(
+        "--draft-weights",
+        choices=DRAFT_WEIGHT_MODES,
+        default="auto",
+        help="the draft's weights: auto = a Q4_0 copy (made once) where that is lighter and "
+        "the draft runs on the CPU; stored = the file as it is; q4_0 = always the copy",
+    )
+    add_worker_options(parser)
+
+
 def request_from_args(
     args: argparse.Namespace, main: Path, draft: Path | None, method: SpeculationMethod
 ) -> LoadRequest:
-    """What the load flags of specdeck-bench and specdeck serve ask to load (as requested)."""
+    """What the flags of :func:`add_load_arguments` ask to load (as requested)."""
     workers, layer_split = worker_options(args)
     return LoadRequest(
         main_path=str(main),

@@ -20,12 +20,8 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backends.engines.draft_weights import DRAFT_WEIGHT_MODES
-from backends.engines.interface import DEFAULT_CONTEXT_SIZE
-from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SpecDeckError
 from backends.service.api.app import DEFAULT_HOST, DEFAULT_PORT, ApiServer, ServerSettings
 from backends.service.api.jobs import ServedModel
@@ -37,17 +33,18 @@ from backends.service.generation_options import (
 )
 from backends.service.loaded_pair import (
     LoadedPair,
+    add_load_arguments,
     check_files,
     crash_safe_request,
     open_pair,
     request_from_args,
 )
-from backends.service.protocol import ENGINE_KINDS
-from backends.service.worker_cli import add_worker_options
-from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
+from backends.speculation.methods import parse_method
 from backends.speculation.types import DEFAULT_MAX_TOKENS
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from backends.service.api.jobs import ApiJob
     from backends.service.generation_options import GenerationOptions
     from backends.speculation.types import SpeculationStats
@@ -67,16 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the main model (with its draft) over an OpenAI-compatible HTTP API "
         "with speculative decoding. Without --main/--draft it serves the default pair.",
     )
-    parser.add_argument("--main", type=Path, help="main model (a GGUF file, or an MLX folder)")
-    parser.add_argument("--draft", type=Path, help="draft model (same kind as --main)")
+    add_load_arguments(parser)
     parser.add_argument(
         "--no-draft", action="store_true", help="no draft model: the lookups and plain decoding"
-    )
-    parser.add_argument("--engine", choices=ENGINE_KINDS, default="llama.cpp")
-    parser.add_argument(
-        "--method",
-        default=DEFAULT_METHOD,
-        help=f"speculation method: {', '.join(METHODS)} (default: {DEFAULT_METHOD})",
     )
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"address (default: {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"(default: {DEFAULT_PORT})")
@@ -92,17 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="allow browser pages from this origin (repeatable; '*' for any); default: none",
     )
-    parser.add_argument("--ctx", type=int, default=DEFAULT_CONTEXT_SIZE, help="context size")
-    parser.add_argument("--threads", type=int, default=None, help="default: physical cores")
-    parser.add_argument("--gpu-layers", type=int, default=-1, help="main model layers on GPU")
-    parser.add_argument("--weight-repacking", choices=WEIGHT_REPACKING_MODES, default="auto")
-    parser.add_argument(
-        "--draft-weights",
-        choices=DRAFT_WEIGHT_MODES,
-        default="auto",
-        help="auto = draft with a Q4_0 copy (made once) where lighter on the CPU",
-    )
-    add_worker_options(parser)
     defaults = parser.add_argument_group("generation defaults (a request may override them)")
     add_generation_arguments(defaults, max_tokens=DEFAULT_MAX_TOKENS)
     parser.add_argument("--debug", action="store_true", help="log every request and the engine")

@@ -12,7 +12,8 @@ from PySide6.QtWidgets import QApplication, QToolTip
 
 from backends.speculation.types import EmittedToken, SpeculationStats, TokenOrigin
 from gui.answer_text import CODE_PADDING
-from gui.chat_pane import MAX_COLUMN_WIDTH, ChatPane
+from gui.chat_format import MAX_COLUMN_WIDTH
+from gui.chat_pane import ChatPane
 from gui.style import (
     CODE_BACKGROUND,
     DRAFT_TOOLTIP,

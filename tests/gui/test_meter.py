@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from backends.speculation.types import SpeculationStats
-from gui.meter import RECENT_ROUNDS, AcceptanceMeter, PositionBars, RecentWindow
+from gui.meter import RECENT_ROUNDS, AcceptanceMeter, RecentWindow
+from gui.meter_painting import PositionBars
 
 if TYPE_CHECKING:
     from pytestqt.qtbot import QtBot
