@@ -58,6 +58,7 @@ class PairReport:
     method: str
     gpus: tuple[ComputeDevice, ...] = ()
     load_seconds: float = 0.0  # the whole load: models, probes, calibration
+    calibration: tuple[str, ...] = ()  # auto's: how sure its costs are, the best it allows
 
 
 @dataclass(frozen=True)
@@ -337,6 +338,7 @@ class EngineClient(QObject):
                     method=str(event["method"]),
                     gpus=tuple(ComputeDevice(**gpu) for gpu in event.get("gpus", ())),
                     load_seconds=float(event.get("seconds", 0.0)),
+                    calibration=tuple(str(note) for note in event.get("calibration", ())),
                 )
             )
         elif kind == "unloaded":

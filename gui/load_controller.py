@@ -330,7 +330,12 @@ class LoadController(QObject):
         assert isinstance(pair, PairReport)
         notes = self.state.notes
         self._set(self.state.pair_loaded(pair))
-        self.sidebar.set_loaded(pair.main, pair.draft, pair.load_seconds or None, extra_notes=notes)
+        self.sidebar.set_loaded(
+            pair.main,
+            pair.draft,
+            pair.load_seconds or None,
+            extra_notes=(*notes, *pair.calibration),
+        )
         self.status.set_engine_pid(self.client.pid)
         self.status.set_gpu(gpu_summary(pair))
         self.loaded.emit(pair)

@@ -38,6 +38,7 @@ BACKEND_LAYERS: tuple[tuple[str, ...], ...] = (
 # engine, no engine knows the selection that picks it.
 ENGINE_ORDER = (
     "interface",
+    "pass_delay",
     "hardware",
     "weight_placement",
     "load_guard",

@@ -15,6 +15,7 @@ from backends.engines.hardware import LlamaBuildInfo
 from backends.engines.load_guard import CRASH_AT_ENV, CRASH_RECORDS_FILE
 from backends.engines.weight_placement import cpu_flags
 from backends.paths import DATA_DIR_ENV
+from backends.speculation.estimates import CALIBRATION_SIZES, DRAFT_CALIBRATION_SIZES
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -78,6 +79,26 @@ def test_json_output_on_self_speculation(smollm_path: Path) -> None:
     assert data["speedup"] == pytest.approx(
         spec["tokens_per_second"] / data["baseline"]["tokens_per_second"]
     )
+
+
+def test_json_says_how_sure_auto_s_costs_are_and_how_the_answer_moved_them(
+    smollm_path: Path,
+) -> None:
+    done = run_bench("--main", smollm_path, "--draft", smollm_path, "--max-tokens", "32", "--json")
+    assert done.returncode == 0, done.stderr
+    load = json.loads(done.stdout)["load"]
+    sureness, ceiling = load["calibration"]
+    assert sureness.startswith("auto's batch costs: median of 3 interleaved rounds, within ±")
+    assert ceiling.startswith("at best on this CPU: ")
+    assert "with the smollm2" in ceiling.lower()
+    assert ceiling.endswith("every drafted token accepted")
+    at_load, after = load["batch_costs_ms"]["at_load"], load["batch_costs_ms"]["after"]
+    assert set(at_load) == set(after) == {"main", "draft"}
+    assert list(at_load["main"]) == [str(size) for size in CALIBRATION_SIZES]
+    assert list(at_load["draft"]) == [str(size) for size in DRAFT_CALIBRATION_SIZES]
+    assert all(ms > 0 for table in at_load.values() for ms in table.values())
+    # The answer's own passes refined the estimates the load calibrated.
+    assert after["main"] != at_load["main"]
 
 
 def test_table_output_and_sampling(smollm_path: Path, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from backends.engines.interface import common_prefix_length
+from backends.speculation.earnings import JUDGED_ROUNDS
 from backends.speculation.estimates import BatchCosts, ConfidenceKept, PositionAcceptance
 from backends.speculation.planner import (
     CATCH_UP_HORIZON,
@@ -278,6 +279,12 @@ def test_a_draft_model_behind_by_the_prompt_is_still_used() -> None:
     planner = DraftPlanner(target, [model], {model: draft})
     for _ in range(40):
         planner.acceptance(model).observe(3, 3)
+    # Its rounds were judged to pay in this answer (until then its reading must pay
+    # within its trial: tests/test_earnings.py).
+    planner.watch.observe(None, 1, 0.072)
+    for _ in range(JUDGED_ROUNDS):
+        planner.watch.observe(model, 4, 0.072)
+    assert planner.watch.proven(model)
     # Charged to one round, reading a 200-token prompt (about 0.9 s) would never pay, and
     # the draft, never used, would fall further behind every round.
     context = list(range(200))
@@ -477,11 +484,11 @@ def test_one_observation_a_round_in_the_order_the_round_ran() -> None:
     candidates = offered(planner, context, {lookup: 4})
     chosen = RoundPlan(None, 0)  # plain decoding: the lookup's proposal becomes a shadow
     planner.observe(
-        RoundOutcome(chosen, candidates, len(context), [], [(1, 0.05)], 0.5, Draft([], None))
+        RoundOutcome(chosen, candidates, len(context), [], [(1, 0.03)], 0.5, Draft([], None))
     )
     # The draft model sat the round out: its record drifted back towards its prior.
     assert sum(planner.acceptance(model).reached) == pytest.approx(model_seen * UNUSED_DRIFT)
-    assert planner.target_costs.cost(1) == pytest.approx(0.024 + 0.25 * (0.05 - 0.024))
+    assert planner.target_costs.cost(1) == pytest.approx(0.024 + 0.25 * (0.03 - 0.024))
     assert planner._confidence_rounds == 10
     # The proposal waits for the tokens that follow, then is scored against them.
     assert [s.tokens for s in planner._shadows] == [[5, 6, 7, 8]]
@@ -492,8 +499,8 @@ def test_one_observation_a_round_in_the_order_the_round_ran() -> None:
     assert reached == pytest.approx(lookup_seen * 0.98 + 3)  # 2 matched, the 3rd refused
     # A round cancelled after drafting teaches what the draft cost, and nothing else.
     learnt = repr((planner._acceptance, planner._continuation, planner._kept, planner._overhead))
-    planner.observe(RoundOutcome(RoundPlan(model, 3), draft_passes=[(2, 0.5)]))
-    assert planner._draft_costs[model].cost(2) == pytest.approx(0.004 + 0.25 * (0.5 - 0.004))
+    planner.observe(RoundOutcome(RoundPlan(model, 3), draft_passes=[(2, 0.005)]))
+    assert planner._draft_costs[model].cost(2) == pytest.approx(0.004 + 0.25 * (0.005 - 0.004))
     assert (
         repr((planner._acceptance, planner._continuation, planner._kept, planner._overhead))
         == learnt

@@ -223,6 +223,11 @@ def test_auto_with_siblings_is_plain_decoding(
     # Rows priced at nothing: the draft then offers a sibling wherever it may be taken,
     # whatever this machine's batch costs, so that the test sees siblings taken.
     monkeypatch.setattr(planner, "stop_rule", priced_at_nothing(planner))
+    # And the earnings watch kept out of it: on a machine where the draft does not pay it
+    # would sit out, and the test would see no siblings (what the watch does is tested in
+    # test_earnings).
+    monkeypatch.setattr(planner.watch, "benched", lambda drafter, evidence=0: False)
+    monkeypatch.setattr(planner.watch, "wants_plain_round", lambda: False)
     qwen_main.truncate(0)
     result = auto.run(prompt, settings)
     assert result.token_ids == expected

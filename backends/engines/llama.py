@@ -41,6 +41,7 @@ from backends.engines.llama_native import (
     requantize_q4_0,
 )
 from backends.engines.load_guard import SAFEST, RiskySettings, checkpoint
+from backends.engines.pass_delay import PassDelay
 from backends.engines.rpc import (
     HeldLinks,
     RemoteDevice,
@@ -172,6 +173,7 @@ class LlamaEngine(EngineBase):
         self._llama = llama_cpp
         self.settings = settings or LlamaLoadSettings()
         self.info = read_model_info(self.path)  # clear errors for missing/corrupt files first
+        self._pass_delay = PassDelay.from_environment("draft" if is_draft else "main")
         native = init_llama_cpp()
         native.take_errors()
         native.take_weight_buffers()
@@ -499,6 +501,8 @@ class LlamaEngine(EngineBase):
             if self._workers is not None:
                 # The workers compute after llama_decode returns: time the whole pass.
                 llama.llama_synchronize(self._ctx)
+            if self._pass_delay is not None:
+                self._pass_delay.sleep(len(chunk))  # fault injection: a slower machine
             elapsed = time.perf_counter() - began
             self._decode_seconds += elapsed
             if self._workers is not None:
@@ -542,6 +546,8 @@ class LlamaEngine(EngineBase):
         began = time.perf_counter()
         try:
             status = llama.llama_decode(self._ctx, batch)
+            if self._pass_delay is not None:
+                self._pass_delay.sleep(count + 1)
         finally:
             self._decode_seconds += time.perf_counter() - began
             llama.llama_memory_seq_rm(memory, 1, -1, -1)

@@ -18,6 +18,7 @@ from backends.engines.interface import (
     VocabFacts,
     probe_exact_batch_limit,
 )
+from backends.engines.pass_delay import PassDelay
 from backends.errors import EngineError, ModelFileError, SettingsError
 from backends.models.mlx_info import MLX_TOKENIZER_FILE, read_mlx_model_info
 
@@ -88,6 +89,7 @@ class MlxEngine(EngineBase):
             raise SettingsError(f"context size must be >= 0, got {n_ctx}")
         super().__init__(path)
         self.info = read_mlx_model_info(self.path)  # clear errors for missing/broken folders
+        self._pass_delay = PassDelay.from_environment("draft" if is_draft else "main")
         started = time.perf_counter()
         import mlx.core as mx
         from mlx.utils import tree_map
@@ -255,6 +257,8 @@ class MlxEngine(EngineBase):
             rows = logits[0].astype(mx.float32)
             mx.eval(rows)
             result = np.array(rows, copy=True)
+            if self._pass_delay is not None:
+                self._pass_delay.sleep(count)  # fault injection: a slower machine
         except (RuntimeError, ValueError) as error:
             self._reset_cache()
             raise EngineError(f"{self.name}: evaluation failed: {error}") from error

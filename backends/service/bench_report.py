@@ -1,7 +1,8 @@
 """What specdeck-bench prints: the comparison's table and JSON, the suite's table and JSON.
 
 The load report (:func:`load_report`) heads both: each model with where its weights went,
-the workers, and the notes on what was chosen for the weights and why.
+the workers, the notes on what was chosen for the weights and why, and auto's calibration
+(how sure, what it allows at best, its batch costs at load and after the answer).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def load_report(pair: LoadedPair, prompt_tokens: int) -> dict[str, object]:
             if note not in main.load_report.notes
         ],
         "main_weight_buffers": list(main.load_report.weight_buffers),
+        # auto's calibration: how sure it is and what speculation can gain here at best.
+        "calibration": pair.calibration_notes(),
+        "batch_costs_ms": {
+            "at_load": {name: costs.table_ms() for name, costs in pair.costs_at_load.items()},
+            "after": {name: costs.table_ms() for name, costs in pair.batch_costs().items()},
+        },
         "workers": [status.summary() for status in main.worker_statuses()],
     }
 
@@ -78,6 +85,7 @@ def _report_lines(report: dict[str, object]) -> list[str]:
         f"draft: {report['draft']} — {report['draft_placement']}",
         *(f"worker {line}" for line in report.get("workers", ())),  # type: ignore[attr-defined]
         *(f"note:  {note}" for note in report["notes"]),  # type: ignore[attr-defined]
+        *(f"note:  {note}" for note in report.get("calibration", ())),  # type: ignore[attr-defined]
     ]
 
 

@@ -216,6 +216,8 @@ class EngineServer:
             n_ctx=main.n_ctx,
             method=request.method,
             gpus=[asdict(device) for device in _gpus(request)],
+            # auto's calibration: how sure, and what speculation can gain here at best.
+            calibration=pair.calibration_notes(),
             # Everything the user waited for: both models, probes and the auto calibration.
             seconds=time.perf_counter() - started,
         )

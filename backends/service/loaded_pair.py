@@ -46,6 +46,7 @@ from backends.service.pair_runs import answer, compare_from_empty
 from backends.service.pair_tuning import recall_tuning, tune, tuning_key
 from backends.service.protocol import ENGINE_KINDS, LoadRequest
 from backends.service.worker_cli import add_worker_options, worker_options
+from backends.speculation.estimates import DRAFT_CALIBRATION_SIZES, BatchCosts, ceiling_line
 from backends.speculation.methods import DEFAULT_METHOD, METHODS, build_decoder
 from backends.speculation.planner import CostCache
 from backends.speculation.types import DEFAULT_P_MIN
@@ -161,6 +162,37 @@ class LoadedPair:
     decoders: dict[tuple[SpeculationMethod, float], SpeculativeDecoder] = field(
         default_factory=dict
     )
+    # The planner's batch costs as calibrated at load, before generation refined them.
+    costs_at_load: dict[str, BatchCosts] = field(default_factory=dict)
+
+    def batch_costs(self) -> dict[str, BatchCosts]:
+        """The planner's batch costs now ("main", and "draft" when there is one); {} before."""
+        found: dict[str, BatchCosts] = {}
+        main = self.costs.calibrated(self.main)
+        if main is not None:
+            found["main"] = main
+        draft = (
+            None
+            if self.draft is None
+            else self.costs.calibrated(self.draft, DRAFT_CALIBRATION_SIZES)
+        )
+        if draft is not None:
+            found["draft"] = draft
+        return found
+
+    def calibration_notes(self) -> list[str]:
+        """How sure auto's calibration is, and what speculation can gain here at best."""
+        costs = self.costs_at_load or self.batch_costs()
+        main = costs.get("main")
+        if main is None:
+            return []
+        where = "on this GPU" if self.main.load_report.gpu_layers > 0 else "on this CPU"
+        notes = [f"auto's batch costs: {main.sureness()}"]
+        draft_name = "" if self.draft is None else self.draft.load_report.model_name
+        ceiling = ceiling_line(main, costs.get("draft"), draft_name, where)
+        if ceiling is not None:
+            notes.append(ceiling)
+        return notes
 
     def decoder(self, method: SpeculationMethod, p_min: float) -> SpeculativeDecoder:
         """The decoder for a method, kept so that what its planner learned carries over.
@@ -432,6 +464,9 @@ def open_pair(
                 progress(CALIBRATION_FRACTION, "measuring batch costs")
             checkpoint("calibration", request.main_path, safe=request.risky == SAFEST)
             pair.decoder(request.method, DEFAULT_P_MIN).prepare()
+            pair.costs_at_load = {
+                name: costs.snapshot() for name, costs in pair.batch_costs().items()
+            }
     except BaseException:
         if draft is not None:
             draft.close()

@@ -20,9 +20,6 @@ from backends.speculation.types import SpeculationStats
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-# The lengths the ceiling ("even at 100 % acceptance") is searched over.
-CEILING_DRAFT_LENGTHS = range(1, 17)
-
 
 @dataclass(frozen=True)
 class Prediction:
@@ -110,10 +107,7 @@ def predict_speedup(
         if count > 0:
             steps += count * verify_cost(rows)
     speedup = tokens / steps
-    ceiling = max(
-        (length + 1) / (length * step_cost + verify_cost(length + 1))
-        for length in CEILING_DRAFT_LENGTHS
-    )
+    ceiling = estimates.speedup_ceiling(verify_cost, step_cost)
     per_round, cost_per_round = tokens / rounds, steps / rounds
     accepted = stats.acceptance_rate or 0.0
     forward = (
@@ -153,7 +147,7 @@ def _flat_verify_ceiling(forward_cost: float | None) -> float | None:
     """The best speedup at 100 % acceptance if verifying any batch cost one main step."""
     if forward_cost is None:
         return None
-    return max((k + 1) / (k * forward_cost + 1.0) for k in CEILING_DRAFT_LENGTHS)
+    return estimates.speedup_ceiling(lambda rows: 1.0, forward_cost)
 
 
 def predict_setup(

@@ -2,7 +2,9 @@
 
 - :class:`BatchCosts`: seconds for the target (or a draft model) to evaluate ``b``
   tokens, calibrated at load for a few batch sizes and refined with every forward pass of
-  the generation (exponential moving average per size, linear between sizes).
+  the generation (exponential moving average per size, linear between sizes). The
+  calibration is repeated and interleaved, its outliers dropped, and says how sure it is;
+  :func:`speedup_ceiling` and :func:`ceiling_line` say what the costs allow at best.
   :class:`CostCache` calibrates each engine once for every decoder built on it.
 - :class:`PositionAcceptance`: how often a draft's ``i``-th token is accepted given that
   the ones before it were. Drafts are far from independent per position (a lookup that
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING
 from backends.speculation.types import confidence_bucket
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from backends.engines.interface import ModelEngine
 
@@ -42,6 +45,14 @@ DRAFT_CALIBRATION_SIZES = (1, 2, 4, 8, 16)
 # `specdeck-bench --suite` on the x86 AVX-512 machine, 2 cores, that day (docs/benchmarks.md,
 # "The suite").
 COST_SMOOTHING = 0.25  # weight of a new timing in a batch size's moving average
+# Calibration that noise cannot fool (issue 33; chosen 2026-12-04, measured as a whole by
+# `python -m benchmarks.never_slower`): every size timed in this many interleaved rounds,
+# timings above OUTLIER_RATIO times their size's median dropped (and generation's timings
+# clipped there before they are folded in).
+CALIBRATION_ROUNDS = 3
+OUTLIER_RATIO = 1.5
+# The draft lengths the ceiling ("every drafted token accepted") is searched over.
+CEILING_DRAFT_LENGTHS = range(1, 17)
 ACCEPTANCE_DECAY = 0.98  # older rounds count for less: the text changes as it goes
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior rate
 # The stop rule's buckets of draft probability (equal width); before any data a bucket
@@ -78,15 +89,34 @@ def expected_tokens(reach: Sequence[float], given: Sequence[float] | None = None
 
 @dataclass
 class BatchCosts:
-    """Seconds to evaluate a batch of ``b`` tokens (with logits for each), by ``b``."""
+    """Seconds to evaluate a batch of ``b`` tokens (with logits for each), by ``b``.
+
+    ``spread`` says how sure the calibration was: per size, half the range of the timings
+    kept over their median (0.04: ±4 %); ``dropped``, how many timings it rejected as
+    outliers; ``clipped``, how many of generation's timings were folded in cut down to
+    :data:`OUTLIER_RATIO` times the estimate (a neighbour's burst, not the model's cost).
+    """
 
     seconds: dict[int, float] = field(default_factory=dict)
+    spread: dict[int, float] = field(default_factory=dict)
+    rounds: int = 0  # interleaved calibration rounds behind the estimate (0: not calibrated)
+    dropped: int = 0
+    clipped: int = 0
 
     @classmethod
-    def calibrate(cls, engine: ModelEngine, sizes: Sequence[int] = CALIBRATION_SIZES) -> BatchCosts:
+    def calibrate(
+        cls,
+        engine: ModelEngine,
+        sizes: Sequence[int] = CALIBRATION_SIZES,
+        rounds: int = CALIBRATION_ROUNDS,
+    ) -> BatchCosts:
         """Time the engine on each batch size after a short context; leaves its cache empty.
 
-        Each size is timed twice and the faster kept (the first may pay for paging in).
+        One untimed pass of the largest size pages the weights in; then ``rounds`` rounds
+        time every size once each, in an order that rotates from round to round (so that a
+        burst of a neighbour's load lands on different sizes), and each size's estimate is
+        the median of its timings once those above :data:`OUTLIER_RATIO` times their median
+        are dropped.
         """
         tokens = engine.tokenize(
             "def measure(batch):\n    return sum(x * x for x in batch)  # calibration\n" * 8,
@@ -98,22 +128,66 @@ class BatchCosts:
         prefix = tokens[:16]
         engine.truncate(0)
         engine.evaluate(prefix, 1)
-        costs = cls()
-        for size in sizes:
-            best = math.inf
-            for _ in range(2):
-                engine.truncate(len(prefix))
-                started = time.perf_counter()
-                engine.evaluate(tokens[16 : 16 + size], size)
-                best = min(best, time.perf_counter() - started)
-            costs.seconds[size] = best
+
+        def timed(size: int) -> float:
+            engine.truncate(len(prefix))
+            started = time.perf_counter()
+            engine.evaluate(tokens[16 : 16 + size], size)
+            return time.perf_counter() - started
+
+        timed(max(sizes))
+        timings: dict[int, list[float]] = {size: [] for size in sizes}
+        rounds = max(1, rounds)
+        for round_index in range(rounds):
+            shift = round_index % len(sizes)
+            for size in [*sizes[shift:], *sizes[:shift]]:
+                timings[size].append(timed(size))
         engine.truncate(0)
-        log.info(
-            "%s: batch costs %s",
-            engine.name,
-            ", ".join(f"{b}: {1000 * s:.1f} ms" for b, s in sorted(costs.seconds.items())),
-        )
+        costs = cls.from_timings(timings)
+        log.info("%s: %s", engine.name, costs.describe())
         return costs
+
+    @classmethod
+    def from_timings(cls, timings: dict[int, list[float]]) -> BatchCosts:
+        """Estimates from repeated timings per size: outliers dropped, the median kept."""
+        costs = cls(rounds=max((len(samples) for samples in timings.values()), default=0))
+        for size, samples in timings.items():
+            if not samples:
+                continue
+            middle = statistics.median(samples)
+            kept = [sample for sample in samples if sample <= OUTLIER_RATIO * middle]
+            costs.dropped += len(samples) - len(kept)
+            estimate = statistics.median(kept)
+            costs.seconds[size] = estimate
+            costs.spread[size] = (max(kept) - min(kept)) / (2.0 * estimate) if estimate else 0.0
+        return costs
+
+    def describe(self) -> str:
+        """The costs and how sure they are, in one line (for the log and the load report)."""
+        table = ", ".join(f"{b}: {1000 * s:.1f} ms" for b, s in sorted(self.seconds.items()))
+        if self.rounds == 0:
+            return f"batch costs {table}"
+        return f"batch costs {table} ({self.sureness()})"
+
+    def sureness(self) -> str:
+        """How sure the calibration is ("median of 3 interleaved rounds, within ±4%")."""
+        if self.rounds == 0:
+            return "not calibrated"
+        spread = max(self.spread.values(), default=0.0)
+        said = f"median of {self.rounds} interleaved rounds, within ±{spread:.0%}"
+        if self.dropped:
+            said += f", {self.dropped} outlier{'s' if self.dropped != 1 else ''} dropped"
+        return said
+
+    def table_ms(self) -> dict[str, float]:
+        """The estimates in milliseconds by batch size (keys as strings, for JSON)."""
+        return {str(b): round(1000 * s, 2) for b, s in sorted(self.seconds.items())}
+
+    def snapshot(self) -> BatchCosts:
+        """A copy that generation's updates will not move."""
+        return BatchCosts(
+            dict(self.seconds), dict(self.spread), self.rounds, self.dropped, self.clipped
+        )
 
     def cost(self, size: int) -> float:
         """Expected seconds for ``size`` tokens (interpolated; extrapolated per token)."""
@@ -134,14 +208,58 @@ class BatchCosts:
         return self.seconds[lower] + share * (self.seconds[upper] - self.seconds[lower])
 
     def observe(self, size: int, seconds: float) -> None:
-        """Fold one measured forward pass into the estimate for its size."""
+        """Fold one measured forward pass into the estimate for its size.
+
+        A pass slower than :data:`OUTLIER_RATIO` times the estimate counts as that much
+        (a stolen time slice moves the estimate a little, a machine that really got slower
+        moves it over a few passes).
+        """
         if size <= 0 or seconds <= 0.0:
             return
         previous = self.seconds.get(size)
         if previous is None:
             self.seconds[size] = seconds
-        else:
-            self.seconds[size] = previous + COST_SMOOTHING * (seconds - previous)
+            return
+        if seconds > OUTLIER_RATIO * previous:
+            seconds = OUTLIER_RATIO * previous
+            self.clipped += 1
+        self.seconds[size] = previous + COST_SMOOTHING * (seconds - previous)
+
+
+def speedup_ceiling(verify_cost: Callable[[int], float], draft_step_cost: float = 0.0) -> float:
+    """The best speedup over plain decoding when every drafted token is accepted.
+
+    ``verify_cost(n)``: evaluating n tokens, in single main-model steps (1.0 for n = 1);
+    ``draft_step_cost``: one drafted token, in main-model steps (0 for a lookup). A round
+    of k drafted tokens then gives k + 1 tokens for k·c + verify_cost(k + 1) steps; the
+    best k of :data:`CEILING_DRAFT_LENGTHS` is taken. Leviathan et al. 2023, section 3,
+    at α = 1.
+    """
+    return max(
+        (length + 1) / (length * draft_step_cost + verify_cost(length + 1))
+        for length in CEILING_DRAFT_LENGTHS
+    )
+
+
+def ceiling_line(
+    target: BatchCosts, draft: BatchCosts | None, draft_name: str = "", where: str = "here"
+) -> str | None:
+    """What speculation can gain at best with these costs, in one line (None: uncalibrated)."""
+    single = target.cost(1)
+    if single <= 0.0:
+        return None
+
+    def steps(size: int) -> float:
+        return target.cost(size) / single
+
+    said = f"at best {where}: {speedup_ceiling(steps):.2f}× where the text is copied (lookups)"
+    if draft is not None and draft.cost(1) > 0.0:
+        step = draft.cost(1) / single
+        said += (
+            f", {speedup_ceiling(steps, step):.2f}× with the {draft_name or 'draft'} draft "
+            f"(a step {step:.0%} of the main model's)"
+        )
+    return said + ", every drafted token accepted"
 
 
 class CostCache:
@@ -154,6 +272,13 @@ class CostCache:
     def __init__(self) -> None:
         # Keyed by id(engine); the engine is kept alongside so that its id is not reused.
         self._entries: dict[tuple[int, tuple[int, ...]], tuple[ModelEngine, BatchCosts]] = {}
+
+    def calibrated(
+        self, engine: ModelEngine, sizes: Sequence[int] = CALIBRATION_SIZES
+    ) -> BatchCosts | None:
+        """The engine's costs if they were calibrated already (never calibrates)."""
+        entry = self._entries.get((id(engine), tuple(sizes)))
+        return None if entry is None else entry[1]
 
     def costs(self, engine: ModelEngine, sizes: Sequence[int] = CALIBRATION_SIZES) -> BatchCosts:
         """The engine's costs, calibrated on first request."""

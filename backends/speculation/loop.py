@@ -266,6 +266,7 @@ class _Generation:
         """One round, top to bottom: draft, verify, account, learn."""
         round_started = time.perf_counter()
         engine_before = self._engine_seconds()
+        tokens_before = self.stats.generated_tokens
         start = len(self.context)
         remaining = self.settings.max_tokens - self.stats.generated_tokens
         # Drafting past the token budget or the context would only produce ignored tokens.
@@ -304,6 +305,7 @@ class _Generation:
         # 4. Learn: the planner's one look at the round, now that it has ended.
         if self.planner is not None:
             engine_time = self._engine_seconds() - engine_before
+            round_seconds = time.perf_counter() - round_started
             outcome = RoundOutcome(
                 plan,
                 candidates,
@@ -313,10 +315,14 @@ class _Generation:
                 target_confidence=confidence,
                 verified=draft,
                 accepted=verdict.accepted,
-                overhead_seconds=time.perf_counter() - round_started - engine_time,
+                overhead_seconds=round_seconds - engine_time,
+                tokens=self.stats.generated_tokens - tokens_before,
+                seconds=round_seconds,
                 context=self.context,
             )
+            backoffs = self.planner.watch.backoffs
             self.planner.observe(outcome)
+            self.stats.backoffs += self.planner.watch.backoffs - backoffs
 
     def _engine_seconds(self) -> float:
         """Time in the engines' forward passes so far (the target's and the drafters')."""

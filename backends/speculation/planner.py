@@ -18,10 +18,15 @@ The choice: for every candidate length ``k`` the round's expected tokens
 (:func:`~backends.speculation.estimates.expected_tokens`) over its expected time
 (drafting, verification and the loop's own overhead), for each verification chunk size;
 the highest rate wins. Plain decoding (``k = 0``) is always a candidate, so a plan is
-chosen only when it is expected to be faster than not speculating. A chunk is evaluated
-only if every draft token before it was accepted, so where a batch costs more per token
-the bigger it is (a CPU) a long draft likely to break early is cheaper to check in chunks,
-and where it does not (a GPU) in one batch.
+chosen only when it is expected to be faster than not speculating. Expectations can be
+wrong, so the rounds' real earnings are watched too
+(:class:`~backends.speculation.earnings.EarningsWatch`): a drafter whose rounds earn less
+than plain decoding's measured pace sits out a while, a plain round now and then keeps
+that pace measured, and until a draft model has paid in an answer, what it must read
+before its first draft must pay within its trial. A chunk is evaluated only if every draft
+token before it was accepted, so where a batch costs more per token the bigger it is (a CPU) a
+long draft likely to break early is cheaper to check in chunks, and where it does not (a
+GPU) in one batch.
 
 Lookup proposals are scored against the tokens that follow even when they were not used
 ("shadows"), so their estimates stay current for free; lookups keep one acceptance
@@ -40,6 +45,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from backends.speculation.earnings import TRIAL_HORIZON, EarningsWatch
 
 # The estimates lived here first: those imported "as" themselves are re-exported for callers.
 from backends.speculation.estimates import CALIBRATION_SIZES as CALIBRATION_SIZES
@@ -167,6 +174,9 @@ class DraftPlanner:
         self._confidence_expected = False  # set once a loop reports confidence per round
         self._overhead = 0.0  # seconds of loop time per round outside the engines
         self._shadows: list[_Shadow] = []
+        # What the rounds really earned against plain's measured pace: a drafter that
+        # does not pay sits out (:mod:`backends.speculation.earnings`).
+        self.watch = EarningsWatch()
 
     # -- estimates -------------------------------------------------------------------------
     #
@@ -388,10 +398,17 @@ class DraftPlanner:
         """
         plain = self.plain_rate()
         best = RoundPlan(None, 0, None, plain, plain)
+        if self.watch.wants_plain_round():
+            return best  # plain's own pace, measured (first, or again after long speculation)
         for candidate in candidates:
-            if candidate.limit <= 0:
+            evidence = 0 if candidate.proposal is None else candidate.proposal.evidence
+            if candidate.limit <= 0 or self.watch.benched(candidate.drafter, evidence):
                 continue
-            k, rate, chunk = self._best_length(candidate, exact_chunk, horizon)
+            # Not yet proven in this answer: its reading must pay within its judged rounds.
+            pays_within = horizon
+            if not self.watch.proven(candidate.drafter):
+                pays_within = min(horizon, TRIAL_HORIZON)
+            k, rate, chunk = self._best_length(candidate, exact_chunk, pays_within)
             if k > 0 and rate > best.expected_rate:
                 best = RoundPlan(candidate.drafter, k, candidate.proposal, rate, plain, chunk)
         if best.drafter is not None and best.expected_rate < plain * GAIN_MARGIN:
@@ -431,6 +448,7 @@ class DraftPlanner:
         if outcome.verified is None:
             return
         if plan is not None:
+            self.watch.observe(plan.drafter, outcome.tokens, outcome.seconds)
             self._learn_acceptance(plan, outcome.verified, outcome.accepted)
             if outcome.overhead_seconds >= 0.0:
                 self._overhead += COST_SMOOTHING * (outcome.overhead_seconds - self._overhead)
@@ -485,9 +503,11 @@ class DraftPlanner:
     def start_answer(self) -> None:
         """A new generation: pending proposals dropped, the draft models' record faded.
 
-        The target's confidence is measured afresh on the new answer.
+        The target's confidence is measured afresh on the new answer, and every drafter the
+        earnings watch sent to sit out is judged afresh too.
         """
         self.forget_shadows()
+        self.watch.start_answer()
         self._target_confidence = 0.0
         self._confidence_rounds = 0
         self._confidence_expected = True

@@ -60,4 +60,6 @@ class RoundOutcome:
     verified: Draft | None = None  # the draft the target verified (None: not verified)
     accepted: int = 0  # how many of its tokens were accepted
     overhead_seconds: float = 0.0  # the round's time outside the engines' forward passes
+    tokens: int = 0  # the tokens the round gave (accepted, and the target's own)
+    seconds: float = 0.0  # the round's wall time, drafting, verification and the loop's own
     context: Sequence[int] = ()  # the context after the round: unused proposals are scored

@@ -115,6 +115,9 @@ class SpeculationStats:
     # verify_batch_counts[n]: target passes that gave n logit rows (the prompt's pass: 1)
     verify_batch_counts: dict[int, int] = field(default_factory=dict)
     rounds_by_method: dict[str, int] = field(default_factory=dict)  # "none" = plain step
+    # How often auto sent a drafter to sit out because its rounds earned less than plain
+    # decoding's measured pace (backends/speculation/earnings.py).
+    backoffs: int = 0
     time_to_first_token_sec: float | None = None
     generation_seconds: float = 0.0  # from the first token to the last
     total_seconds: float = 0.0  # from the start of prompt processing to the last token
@@ -187,6 +190,7 @@ class SpeculationStats:
             "draft_length_counts": {str(k): v for k, v in sorted(self.draft_length_counts.items())},
             "verify_batch_counts": {str(k): v for k, v in sorted(self.verify_batch_counts.items())},
             "rounds_by_method": dict(self.rounds_by_method),
+            "backoffs": self.backoffs,
             "tokens_per_second": self.tokens_per_second,
             "time_to_first_token_sec": self.time_to_first_token_sec,
             "generation_seconds": self.generation_seconds,

@@ -25,11 +25,27 @@ LOAD_TIMEOUT_MS = 120_000
 
 
 def _loaded_client(qtbot: QtBot, request: LoadRequest) -> EngineClient:
+    return _load(qtbot, request)[0]
+
+
+def _load(qtbot: QtBot, request: LoadRequest) -> tuple[EngineClient, PairReport]:
     client = EngineClient()
     with engine_wait(qtbot, client, client.loaded, LOAD_TIMEOUT_MS) as blocker:
         client.load(request)
-    assert isinstance(blocker.args[0], PairReport)
-    return client
+    report = blocker.args[0]
+    assert isinstance(report, PairReport)
+    return client, report
+
+
+def test_an_auto_load_reports_how_sure_its_costs_are_and_the_best_they_allow(
+    qtbot: QtBot, smollm_path: Path
+) -> None:
+    client, report = _load(qtbot, LoadRequest(str(smollm_path), str(smollm_path), n_ctx=1024))
+    sureness, ceiling = report.calibration
+    assert sureness.startswith("auto's batch costs: median of 3 interleaved rounds")
+    assert ceiling.startswith("at best on this CPU: ")
+    assert "with the " in ceiling
+    client.stop()
 
 
 def test_client_streams_tokens_and_final_stats(qtbot: QtBot, smollm_path: Path) -> None:

@@ -1,0 +1,175 @@
+"""What speculation actually earns, against plain decoding's measured pace; who sits out a while.
+
+The planner chooses from estimates: batch costs calibrated at load, acceptance learnt as it
+goes. Where those are wrong (a calibration a neighbour's burst fooled, an AVX2 CPU where
+every row of a batch costs a third of a step, text where a drafter's guesses stop coming
+true) a plan that looked faster is slower, round after round. :class:`EarningsWatch` keeps
+the promise "never slower than plain" by construction, from nothing but the rounds that
+generation runs anyway:
+
+- **plain's pace**: the median wall time of the latest plain rounds (one token each, the
+  loop's own time included), measured by a plain round before the first speculation and
+  kept current by one now and then where speculation ran for long
+  (:data:`PLAIN_PROBE_EVERY`);
+- **each drafter's earnings**: tokens over wall time of its latest rounds
+  (:data:`JUDGED_ROUNDS`), drafting, verification and the loop's own time included;
+- **backing off**: a drafter whose rounds earned less than plain's pace sits out
+  (:meth:`benched`) for a number of rounds that doubles each time it fails again
+  (:data:`FIRST_BACKOFF` up to :data:`MAX_BACKOFF`) and is reset when it pays. After its
+  time out it is tried again: that is the cheap probe. A lookup whose proposal rests on a
+  long match (the text turned copyable) comes back at once (:data:`COPY_EVIDENCE`).
+- **proof**: a drafter has paid in this answer once a judgement of its rounds found it
+  earning plain's pace (:meth:`proven`). Until then, the tokens it must read before its
+  first draft (a draft model reads the prompt, or what was written while it sat out) must
+  pay within its trial (:data:`TRIAL_HORIZON` tokens), not over the rest of the answer: on
+  a CPU where a draft model's batches are dear that reading alone costs several steps of
+  the main model (a 56-token read about 7 on a 2-core AVX2 EPYC), and a trial that could
+  not earn it back is not made. Where reading is cheap, or speculation gains much (a GPU,
+  an AVX-512 CPU), the trial is made as before; lookups read nothing.
+
+Engine-neutral and pure Python: the planner owns one and feeds it in ``observe``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backends.speculation.types import Drafter
+
+# These numbers were chosen with the watch (2026-12-03), not tuned one by one; the watch
+# as a whole is measured by `python -m benchmarks.never_slower` (docs/benchmarks.md,
+# "Never slower").
+PLAIN_MEMORY = 16  # plain rounds whose median is plain's pace
+PLAIN_PROBE_EVERY = 64  # rounds of speculation after which one plain round re-measures it
+JUDGED_ROUNDS = 6  # a drafter's latest rounds whose earnings are judged
+PAY_FLOOR = 1.0  # earnings below this share of plain's pace: the drafter sits out
+FIRST_BACKOFF = 8  # rounds sat out after a first failure; doubles with every next one
+MAX_BACKOFF = 256
+COPY_EVIDENCE = 8  # a lookup proposal on a match this long is tried even while it sits out
+# The tokens within which a drafter not yet proven in an answer must pay its reading.
+# Chosen 2026-12-04 between two measured cost tables: the default pair's draft still gets
+# its trial after a 56-token read on the 2-core AVX-512 machines' costs (Q4_0 draft copy,
+# tests/test_planner.py) and does not on the 2-core AVX2 EPYC's, where that read costs
+# about 7 main steps and the best the draft allows is 1.15x (docs/benchmarks.md, "Never
+# slower"); with 12 tokens (two a judged round) the AVX-512 trial was refused too.
+TRIAL_HORIZON = 32
+
+
+@dataclass
+class _DrafterEarnings:
+    """One drafter's latest rounds and its time out."""
+
+    rounds: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=JUDGED_ROUNDS))
+    benched_until: int = 0  # the round number from which it may draft again
+    backoff: int = FIRST_BACKOFF
+    proven: bool = False  # a judgement of its rounds in this answer found that it pays
+
+
+class EarningsWatch:
+    """Plain decoding's measured pace, each drafter's measured earnings, and who sits out."""
+
+    def __init__(self) -> None:
+        self.round = 0  # rounds seen (every decode round, plain or not)
+        self.backoffs = 0  # how often a drafter was sent to sit out
+        self._plain: deque[float] = deque(maxlen=PLAIN_MEMORY)
+        self._since_plain = 0
+        self._drafters: dict[Drafter, _DrafterEarnings] = {}
+
+    # -- what the planner asks -------------------------------------------------------------
+
+    def plain_seconds(self) -> float | None:
+        """Plain decoding's measured seconds per token (None before a plain round)."""
+        return statistics.median(self._plain) if self._plain else None
+
+    def wants_plain_round(self) -> bool:
+        """Whether this round should be plain: to measure plain's pace, first or again.
+
+        Never before a timed round was seen (a planner planned on its own, not in a loop).
+        """
+        if self.round == 0:
+            return False
+        return not self._plain or self._since_plain >= PLAIN_PROBE_EVERY
+
+    def benched(self, drafter: Drafter, evidence: int = 0) -> bool:
+        """Whether ``drafter`` sits out this round (a lookup on a long match never does)."""
+        record = self._drafters.get(drafter)
+        if record is None or self.round >= record.benched_until:
+            return False
+        return not (drafter.lookup and evidence >= COPY_EVIDENCE)
+
+    def proven(self, drafter: Drafter) -> bool:
+        """Whether ``drafter``'s rounds were judged to pay in this answer, since it last sat out."""
+        record = self._drafters.get(drafter)
+        return record is not None and record.proven
+
+    def earnings(self, drafter: Drafter) -> float | None:
+        """``drafter``'s latest rounds' tokens per second over plain's (None: not yet known)."""
+        plain = self.plain_seconds()
+        record = self._drafters.get(drafter)
+        if plain is None or record is None or len(record.rounds) < JUDGED_ROUNDS:
+            return None
+        tokens = sum(count for count, _ in record.rounds)
+        seconds = sum(spent for _, spent in record.rounds)
+        return tokens * plain / seconds if seconds > 0 else None
+
+    # -- what the planner tells it ---------------------------------------------------------
+
+    def observe(self, drafter: Drafter | None, tokens: int, seconds: float) -> None:
+        """One decode round: who drafted (None: plain), the tokens it gave, its wall time.
+
+        A round without a time (or without tokens) is not counted.
+        """
+        if seconds <= 0.0 or tokens <= 0:
+            return
+        self.round += 1
+        if drafter is None:
+            if tokens == 1:
+                self._plain.append(seconds)
+                self._since_plain = 0
+            return
+        self._since_plain += 1
+        record = self._drafters.setdefault(drafter, _DrafterEarnings())
+        record.rounds.append((tokens, seconds))
+        earned = self.earnings(drafter)
+        if earned is None:
+            return
+        if earned < PAY_FLOOR:
+            record.benched_until = self.round + record.backoff
+            record.backoff = min(MAX_BACKOFF, record.backoff * 2)
+            record.rounds.clear()
+            record.proven = False
+            self.backoffs += 1
+        else:
+            record.backoff = FIRST_BACKOFF
+            record.proven = True
+
+    def start_answer(self) -> None:
+        """A new answer: every time out ends and backoffs start from the first again.
+
+        Plain's pace is kept (the same machine, the same model); what a drafter earned on
+        the last answer's text says little about the next one's, so each is judged afresh.
+        """
+        for record in self._drafters.values():
+            record.benched_until = 0
+            record.backoff = FIRST_BACKOFF
+            record.rounds.clear()
+            record.proven = False
+
+    def forget(self, drafter: Drafter) -> None:
+        """Drop what ``drafter`` earned (its time out too)."""
+        self._drafters.pop(drafter, None)
+
+
+__all__ = [
+    "COPY_EVIDENCE",
+    "FIRST_BACKOFF",
+    "JUDGED_ROUNDS",
+    "MAX_BACKOFF",
+    "PAY_FLOOR",
+    "PLAIN_PROBE_EVERY",
+    "EarningsWatch",
+]

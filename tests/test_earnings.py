@@ -1,0 +1,209 @@
+"""The earnings watch: plain's measured pace; a drafter that does not pay sits out, then returns."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.speculation.earnings import (
+    COPY_EVIDENCE,
+    FIRST_BACKOFF,
+    JUDGED_ROUNDS,
+    MAX_BACKOFF,
+    PLAIN_PROBE_EVERY,
+    TRIAL_HORIZON,
+    EarningsWatch,
+)
+from backends.speculation.estimates import BatchCosts
+from backends.speculation.planner import CATCH_UP_HORIZON, DraftPlanner
+from backends.speculation.rounds import RoundOutcome, RoundPlan
+from backends.speculation.types import Draft
+from tests.test_planner import FixedLookup, ModelLike, SeenTokens, linear, plan
+
+PLAIN = 0.050  # seconds a plain round takes in these tests
+
+
+def plain_rounds(watch: EarningsWatch, count: int = 4, seconds: float = PLAIN) -> None:
+    for _ in range(count):
+        watch.observe(None, 1, seconds)
+
+
+def test_plain_pace_is_the_median_of_plain_rounds_and_unknown_before_one() -> None:
+    watch = EarningsWatch()
+    assert watch.plain_seconds() is None
+    assert not watch.wants_plain_round()  # no timed round yet: planning on its own
+    watch.observe(FixedLookup([1]), 2, PLAIN)
+    assert watch.wants_plain_round()  # in a loop: plain's pace is measured first
+    for seconds in (0.05, 0.05, 0.90, 0.05, 0.06):  # one stolen slice does not move it
+        watch.observe(None, 1, seconds)
+    assert watch.plain_seconds() == pytest.approx(0.05)
+
+
+def test_a_drafter_that_earns_less_than_plain_sits_out_and_its_time_out_doubles() -> None:
+    watch, lookup = EarningsWatch(), FixedLookup([1])
+    plain_rounds(watch)
+    # Each round: 2 tokens in 3 plain steps' time: 0.67x of plain.
+    for _ in range(JUDGED_ROUNDS - 1):
+        watch.observe(lookup, 2, 3 * PLAIN)
+        assert not watch.benched(lookup)
+    assert watch.earnings(lookup) is None  # not judged on fewer rounds
+    watch.observe(lookup, 2, 3 * PLAIN)
+    assert watch.backoffs == 1
+    assert watch.benched(lookup)
+    plain_rounds(watch, FIRST_BACKOFF - 1)
+    assert watch.benched(lookup)
+    plain_rounds(watch, 1)
+    assert not watch.benched(lookup)  # the probe: tried again
+    for _ in range(JUDGED_ROUNDS):
+        watch.observe(lookup, 2, 3 * PLAIN)
+    assert watch.backoffs == 2
+    plain_rounds(watch, 2 * FIRST_BACKOFF - 1)
+    assert watch.benched(lookup)  # twice as long this time
+    plain_rounds(watch, 1)
+    assert not watch.benched(lookup)
+
+
+def test_a_drafter_that_pays_is_never_benched_and_paying_resets_the_backoff() -> None:
+    watch, lookup = EarningsWatch(), FixedLookup([1])
+    plain_rounds(watch)
+    for _ in range(3 * JUDGED_ROUNDS):
+        watch.observe(lookup, 3, 2 * PLAIN)  # 1.5x of plain
+        assert not watch.benched(lookup)
+    assert watch.earnings(lookup) == pytest.approx(1.5)
+    for _ in range(JUDGED_ROUNDS):
+        watch.observe(lookup, 1, 2 * PLAIN)  # now 0.5x: out for the first time out
+    assert watch.benched(lookup)
+    plain_rounds(watch, FIRST_BACKOFF)
+    for _ in range(JUDGED_ROUNDS):
+        watch.observe(lookup, 4, 2 * PLAIN)  # pays again
+    for _ in range(JUDGED_ROUNDS):
+        watch.observe(lookup, 1, 2 * PLAIN)
+    plain_rounds(watch, FIRST_BACKOFF)
+    assert not watch.benched(lookup)  # the backoff went back to the first
+
+
+def test_the_backoff_stops_growing_at_its_maximum() -> None:
+    watch, lookup = EarningsWatch(), FixedLookup([1])
+    plain_rounds(watch)
+    for _ in range(12):
+        for _ in range(JUDGED_ROUNDS):
+            watch.observe(lookup, 1, 4 * PLAIN)
+        plain_rounds(watch, MAX_BACKOFF)
+    for _ in range(JUDGED_ROUNDS):
+        watch.observe(lookup, 1, 4 * PLAIN)
+    plain_rounds(watch, MAX_BACKOFF - 1)
+    assert watch.benched(lookup)
+    plain_rounds(watch, 1)
+    assert not watch.benched(lookup)
+
+
+def test_a_lookup_on_a_long_match_comes_back_at_once_a_draft_model_does_not() -> None:
+    watch, lookup, model = EarningsWatch(), FixedLookup([1]), ModelLike()
+    plain_rounds(watch)
+    for drafter in (lookup, model):
+        for _ in range(JUDGED_ROUNDS):
+            watch.observe(drafter, 1, 2 * PLAIN)
+    assert watch.benched(lookup, evidence=COPY_EVIDENCE - 1)
+    assert not watch.benched(lookup, evidence=COPY_EVIDENCE)
+    assert watch.benched(model, evidence=COPY_EVIDENCE)
+
+
+def test_long_speculation_asks_for_a_plain_round_to_measure_plain_again() -> None:
+    watch, lookup = EarningsWatch(), FixedLookup([1])
+    plain_rounds(watch, 1)
+    for _ in range(PLAIN_PROBE_EVERY - 1):
+        watch.observe(lookup, 4, PLAIN)
+    assert not watch.wants_plain_round()
+    watch.observe(lookup, 4, PLAIN)
+    assert watch.wants_plain_round()
+    watch.observe(None, 1, PLAIN)
+    assert not watch.wants_plain_round()
+
+
+def round_outcome(
+    planner: DraftPlanner, drafter: FixedLookup, tokens: int, seconds: float
+) -> tuple[RoundPlan, RoundOutcome]:
+    """What the loop reports of a round in which ``drafter``'s proposal was verified."""
+    chosen = plan(planner, [1, 2, 3], {drafter: len(drafter.proposal)})
+    verified = Draft(drafter.proposal[: chosen.draft_tokens], None, evidence=drafter.evidence)
+    return chosen, RoundOutcome(
+        chosen,
+        verified=verified if chosen.drafter is not None else Draft([], None),
+        accepted=tokens - 1 if chosen.drafter is not None else 0,
+        tokens=tokens if chosen.drafter is not None else 1,
+        seconds=seconds,
+        context=[1, 2, 3],
+    )
+
+
+def test_the_planner_benches_a_lookup_its_costs_promised_would_pay() -> None:
+    """Costs that say a batch is free, rounds that say it is not: the rounds win."""
+    lookup = FixedLookup([7, 8, 9, 10], evidence=4)
+    planner = DraftPlanner(linear(0.0, fixed=PLAIN), [lookup])  # a batch costs one step
+    first, outcome = round_outcome(planner, lookup, 2, 4 * PLAIN)
+    assert first.drafter is lookup  # no timed round yet: the costs decide
+    planner.observe(outcome)
+    second, outcome = round_outcome(planner, lookup, 1, PLAIN)
+    assert second.drafter is None  # now plain's pace is measured first
+    planner.observe(outcome)
+    for _ in range(JUDGED_ROUNDS - 1):
+        chosen, outcome = round_outcome(planner, lookup, 2, 4 * PLAIN)  # 0.5x of plain
+        assert chosen.drafter is lookup
+        planner.observe(outcome)
+    assert plan(planner, [1, 2, 3], {lookup: 4}).drafter is None
+    assert planner.watch.backoffs == 1
+
+
+def test_a_new_answer_judges_every_drafter_afresh_and_keeps_plains_pace() -> None:
+    planner = DraftPlanner(linear(0.010, 0.004), [FixedLookup([1])])
+    lookup = planner.drafters[0]
+    watch = planner.watch
+    plain_rounds(watch)
+    for _ in range(3 * JUDGED_ROUNDS):  # three failures: a long time out
+        watch.observe(lookup, 1, 3 * PLAIN)
+        plain_rounds(watch, 0)
+    assert watch.benched(lookup)
+    planner.start_answer()
+    assert not watch.benched(lookup)
+    assert watch.plain_seconds() == pytest.approx(PLAIN)
+    for _ in range(JUDGED_ROUNDS):  # failing again: the first backoff, not a doubled one
+        watch.observe(lookup, 1, 3 * PLAIN)
+    assert watch.benched(lookup)
+    plain_rounds(watch, FIRST_BACKOFF)
+    assert not watch.benched(lookup)
+
+
+def test_until_a_draft_model_pays_in_an_answer_its_reading_must_pay_within_its_trial() -> None:
+    # The AVX2 EPYC's measured costs: a 4-token batch is 2.7 steps, the draft's 16-token
+    # batch 3.
+    target = BatchCosts({1: 0.144, 2: 0.225, 4: 0.392, 8: 0.769, 16: 1.543})
+    draft = BatchCosts({1: 0.036, 2: 0.061, 4: 0.107, 8: 0.212, 16: 0.424})
+    model = ModelLike(engine=SeenTokens(list(range(100))))
+    planner = DraftPlanner(target, [model], {model: draft})
+    for _ in range(40):
+        planner.acceptance(model).observe(3, 3)  # every drafted token kept
+    behind = list(range(100 + FIRST_BACKOFF))  # what was written while it sat out once
+    caught_up = list(range(100))
+    watch = planner.watch
+    assert not watch.proven(model)
+    # Its reading must pay within TRIAL_HORIZON tokens: on these costs it cannot...
+    assert plan(planner, behind, {model: 3}).drafter is None
+    # ...and with nothing to read the trial is cheap, and it is made.
+    assert plan(planner, caught_up, {model: 3}).drafter is model
+    plain_rounds(watch)
+    for _ in range(JUDGED_ROUNDS):
+        watch.observe(model, 3, 2 * PLAIN)  # it pays
+    assert watch.proven(model)
+    # Proven: its reading is spread over the rest of the answer, as before the watch.
+    assert plan(planner, behind, {model: 3}).drafter is model
+    for _ in range(JUDGED_ROUNDS):
+        watch.observe(model, 1, 2 * PLAIN)  # it stops paying: benched, proof gone
+    assert not watch.proven(model)
+    plain_rounds(watch, FIRST_BACKOFF)
+    assert not watch.benched(model)
+    assert plan(planner, behind, {model: 3}).drafter is None  # the probe it could not pay
+    for _ in range(JUDGED_ROUNDS):
+        watch.observe(model, 3, 2 * PLAIN)
+    assert watch.proven(model)
+    planner.start_answer()
+    assert not watch.proven(model)  # each answer proves it afresh
+    assert TRIAL_HORIZON < CATCH_UP_HORIZON
