@@ -245,6 +245,7 @@ def test_impossible_settings(smollm_path: Path, args: tuple[str, ...], needle: s
     assert_one_line_error(run_bench("--main", smollm_path, "--draft", smollm_path, *args), needle)
 
 
+@pytest.mark.heavy
 def test_suite_table_and_json(smollm_path: Path) -> None:
     """The suite on the small model: every method on the chosen prompts, in one table."""
     common = ("--main", smollm_path, "--draft", smollm_path, "--suite")

@@ -106,6 +106,7 @@ def assert_same_tokenizer(gguf_engine: ModelEngine, mlx_engine: MlxEngine) -> No
     assert mlx_engine.chat_prompt(messages) == gguf_engine.chat_prompt(messages)
 
 
+@pytest.mark.heavy
 def test_smollm_import_matches_llama_cpp(
     smollm_mlx: Path, smollm_path: Path, smollm_target: LlamaEngine
 ) -> None:
@@ -145,6 +146,7 @@ def test_import_cli_refuses_to_overwrite(
     assert "exists already" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 def test_concurrent_imports_of_one_model_both_succeed(smollm_path: Path, tmp_path: Path) -> None:
     models = tmp_path / "models"
     target = mlx_folder_for(smollm_path, models)
@@ -173,6 +175,7 @@ def test_concurrent_imports_of_one_model_both_succeed(smollm_path: Path, tmp_pat
     assert sorted(path.name for path in target.parent.iterdir()) == [target.name]
 
 
+@pytest.mark.heavy
 def test_bench_imports_a_gguf_on_first_use_and_reuses_it(smollm_path: Path, tmp_path: Path) -> None:
     models = tmp_path / "models"
     bench = [sys.executable, "-m", "backends.service.bench", "--engine", "mlx", "--json"]

@@ -92,6 +92,7 @@ def test_a_real_engine_is_slowed_where_it_is_asked_and_refuses_a_bad_value(
         LlamaEngine(smollm_path, settings)
 
 
+@pytest.mark.heavy
 def test_under_injected_noise_auto_is_never_slower_than_plain(
     smollm_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -327,6 +327,7 @@ def _tune_cli(smollm_path: Path, data_dir: Path, *extra: str) -> dict[str, objec
     return result
 
 
+@pytest.mark.heavy
 def test_bench_tune_measures_once_then_recalls_until_the_threads_change(
     tmp_path: Path, smollm_path: Path
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from typing import TYPE_CHECKING
 
@@ -71,7 +72,8 @@ def test_the_trials_run_rank_and_apply_the_fastest_setup(
     assert {"plain", "ngram-mod", "ngram-simple", "edit-copy", "auto (n-gram only)"} == set(rows)
     assert rows["plain"][2] == "1.00×"
     assert all(cells[6] == "yes" for cells in rows.values() if len(cells) > 6 and cells[6])
-    assert dialog.status.text().startswith("Measured now (3 prompts")
+    # As many of the 3 prompts as the budget allows here (on a 2-core Zen 1, one).
+    assert re.match(r"Measured now \((3 prompts|2 prompts|1 prompt) ", dialog.status.text())
     assert dialog.why.text().startswith("<b>")  # the fastest row is selected and explained
     assert window.send_button.isEnabled()
     best = tuned.args[0].winner
