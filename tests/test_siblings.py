@@ -228,6 +228,7 @@ def test_auto_with_siblings_is_plain_decoding(
     # test_earnings).
     monkeypatch.setattr(planner.watch, "benched", lambda drafter, evidence=0: False)
     monkeypatch.setattr(planner.watch, "wants_plain_round", lambda: False)
+    monkeypatch.setattr(planner.watch, "proven", lambda drafter: True)
     qwen_main.truncate(0)
     result = auto.run(prompt, settings)
     assert result.token_ids == expected
