@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,25 @@ GOAL_WORST = 0.97  # auto at least this fast as plain in every run
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 
 
+@dataclass
+class MethodTime:
+    """What one method's rounds gave in auto's answers, and what plain would have taken."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    plain_seconds: float = 0.0  # the same tokens at plain decoding's pace of the same run
+
+    def add(self, tokens: int, seconds: float, plain_seconds_per_token: float) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+        self.plain_seconds += tokens * plain_seconds_per_token
+
+    @property
+    def pace(self) -> float:
+        """Its tokens per second over plain's (above 1: it gained)."""
+        return self.plain_seconds / self.seconds if self.seconds > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class PromptRuns:
     """One prompt's runs: auto over plain in each, and what was accepted."""
@@ -58,6 +77,10 @@ class PromptRuns:
     acceptance: tuple[float, ...]
     plain_vs_plain: tuple[float, ...]  # plain's last answer over its first, in each run
     identical: bool
+    # Per method, over every auto answer: tokens, seconds, and those seconds' plain worth
+    # (the tokens at plain decoding's pace in the same run).
+    time_by_method: dict[str, MethodTime] = field(default_factory=dict)
+    answers: int = 0  # auto answers behind time_by_method
 
     @property
     def worst(self) -> float:
@@ -130,6 +153,12 @@ def one_run(prompt_file: Path, max_tokens: int, args: argparse.Namespace) -> dic
         plain_last = timed_run(plain, engines, prompt, settings)
     plains = (plain_first, plain_last)
     plain_speed = statistics.mean(run.stats.tokens_per_second for run in plains)
+    time_by_method: dict[str, dict[str, float]] = {}
+    for run in autos:
+        for method, tokens in run.stats.tokens_by_method.items():
+            entry = time_by_method.setdefault(method, {"tokens": 0, "seconds": 0.0})
+            entry["tokens"] += tokens
+            entry["seconds"] += run.stats.seconds_by_method.get(method, 0.0)
     auto_speed = statistics.mean(run.stats.tokens_per_second for run in autos)
     drafted = sum(run.stats.total_draft_tokens_count for run in autos)
     accepted = sum(run.stats.accepted_draft_tokens_count for run in autos)
@@ -140,6 +169,9 @@ def one_run(prompt_file: Path, max_tokens: int, args: argparse.Namespace) -> dic
         "identical": all(run.token_ids == plain_first.token_ids for run in (*autos, plain_last)),
         "backoffs": [run.stats.backoffs for run in autos],
         "rounds_by_method": [run.stats.rounds_by_method for run in autos],
+        "time_by_method": time_by_method,
+        "plain_seconds_per_token": 1.0 / plain_speed,
+        "answers": len(autos),
     }
 
 
@@ -149,6 +181,8 @@ def measure(args: argparse.Namespace, prompts: tuple[PeerPrompt, ...]) -> list[P
     acceptance: dict[str, list[float]] = {p.key: [] for p in prompts}
     plain_vs_plain: dict[str, list[float]] = {p.key: [] for p in prompts}
     identical = dict.fromkeys(speedups, True)
+    time_by_method: dict[str, dict[str, MethodTime]] = {p.key: {} for p in prompts}
+    answers = dict.fromkeys(speedups, 0)
     with tempfile.TemporaryDirectory(prefix="specdeck-never-slower-") as folder:
         for run in range(args.runs):
             for prompt in prompts:
@@ -158,6 +192,14 @@ def measure(args: argparse.Namespace, prompts: tuple[PeerPrompt, ...]) -> list[P
                 acceptance[prompt.key].append(float(report["acceptance_rate"]))
                 plain_vs_plain[prompt.key].append(float(report["plain_vs_plain"]))
                 identical[prompt.key] = identical[prompt.key] and bool(report["identical"])
+                answers[prompt.key] += int(report["answers"])
+                for method, spent in report["time_by_method"].items():
+                    entry = time_by_method[prompt.key].setdefault(method, MethodTime())
+                    entry.add(
+                        int(spent["tokens"]),
+                        float(spent["seconds"]),
+                        float(report["plain_seconds_per_token"]),
+                    )
     return [
         PromptRuns(
             p.key,
@@ -166,6 +208,8 @@ def measure(args: argparse.Namespace, prompts: tuple[PeerPrompt, ...]) -> list[P
             tuple(acceptance[p.key]),
             tuple(plain_vs_plain[p.key]),
             identical[p.key],
+            time_by_method[p.key],
+            answers[p.key],
         )
         for p in prompts
     ]
@@ -205,6 +249,29 @@ def format_table(results: list[PromptRuns], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def format_time_table(results: list[PromptRuns]) -> str:
+    """Where auto's time went: per prompt and method, its pace and what it won or lost."""
+    lines = [
+        "Where auto's time went (every auto answer; the prompt's round left out): each "
+        "method's share of the tokens, its pace over plain decoding's in the same run, and "
+        "the seconds it won (+) or lost (-) per answer against plain's pace",
+        "| prompt | method | tokens | pace over plain | seconds per answer |",
+        "|---|---|---|---|---|",
+    ]
+    for result in results:
+        total = sum(entry.tokens for entry in result.time_by_method.values()) or 1
+        answers = max(1, result.answers)
+        for method, entry in sorted(
+            result.time_by_method.items(), key=lambda item: -item[1].tokens
+        ):
+            won = (entry.plain_seconds - entry.seconds) / answers
+            lines.append(
+                f"| {result.key} | {method} | {entry.tokens / total:.0%} | "
+                f"{entry.pace:.2f}× | {won:+.2f} s |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the table (or JSON)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.never_slower")
@@ -240,7 +307,15 @@ def main(argv: list[str] | None = None) -> int:
                     "machine": machine_line(args.threads),
                     "runs": args.runs,
                     "prompts": [
-                        {**asdict(r), "worst": r.worst, "median": r.median} for r in results
+                        {
+                            **asdict(r),
+                            "worst": r.worst,
+                            "median": r.median,
+                            "pace_by_method": {
+                                method: entry.pace for method, entry in r.time_by_method.items()
+                            },
+                        }
+                        for r in results
                     ],
                 },
                 indent=2,
@@ -248,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         print(format_table(results, args))
+        print()
+        print(format_time_table(results))
     return 0
 
 

@@ -154,7 +154,15 @@ def test_forced_methods_are_lossless_with_adaptive_length(
     smollm_draft.truncate(0)
     result = decoder.run(prompt, settings)
     assert result.token_ids == expected
-    assert set(result.stats.rounds_by_method) <= {"none", *(d.name for d in decoder.drafters)}
+    stats = result.stats
+    names = {"none", *(d.name for d in decoder.drafters)}
+    assert set(stats.rounds_by_method) <= names
+    # Every token after the prompt's round is timed to the drafter its round planned.
+    assert set(stats.seconds_by_method) == set(stats.tokens_by_method) <= names
+    assert sum(stats.tokens_by_method.values()) == stats.generated_tokens - 1
+    timed = sum(stats.seconds_by_method.values())
+    assert 0.0 < timed <= stats.generation_seconds
+    assert all(seconds > 0.0 for seconds in stats.seconds_by_method.values())
 
 
 def test_method_errors_are_clear(smollm_target: LlamaEngine) -> None:

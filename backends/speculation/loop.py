@@ -323,6 +323,16 @@ class _Generation:
             backoffs = self.planner.watch.backoffs
             self.planner.observe(outcome)
             self.stats.backoffs += self.planner.watch.backoffs - backoffs
+        if not first_round:
+            self._time_round(drafter, tokens_before, time.perf_counter() - round_started)
+
+    def _time_round(self, drafter: Drafter | None, tokens_before: int, seconds: float) -> None:
+        """Add the round's tokens and wall time to those of the drafter it planned."""
+        stats = self.stats
+        method = "none" if drafter is None else drafter.name
+        tokens = stats.generated_tokens - tokens_before
+        stats.tokens_by_method[method] = stats.tokens_by_method.get(method, 0) + tokens
+        stats.seconds_by_method[method] = stats.seconds_by_method.get(method, 0.0) + seconds
 
     def _engine_seconds(self) -> float:
         """Time in the engines' forward passes so far (the target's and the drafters')."""

@@ -115,6 +115,12 @@ class SpeculationStats:
     # verify_batch_counts[n]: target passes that gave n logit rows (the prompt's pass: 1)
     verify_batch_counts: dict[int, int] = field(default_factory=dict)
     rounds_by_method: dict[str, int] = field(default_factory=dict)  # "none" = plain step
+    # Per drafter a round planned ("none": plain), the tokens its rounds gave and their wall
+    # time (drafting, verification and the loop's own time, learning included; a draft that
+    # came out empty counts to its drafter), the first round (the prompt's) left out: each
+    # method's pace beside plain decoding's, where auto gained or lost its time.
+    tokens_by_method: dict[str, int] = field(default_factory=dict)
+    seconds_by_method: dict[str, float] = field(default_factory=dict)
     # How often auto sent a drafter to sit out because its rounds earned less than plain
     # decoding's measured pace (backends/speculation/earnings.py).
     backoffs: int = 0
@@ -171,6 +177,8 @@ class SpeculationStats:
             draft_length_counts=dict(self.draft_length_counts),
             verify_batch_counts=dict(self.verify_batch_counts),
             rounds_by_method=dict(self.rounds_by_method),
+            tokens_by_method=dict(self.tokens_by_method),
+            seconds_by_method=dict(self.seconds_by_method),
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -190,6 +198,8 @@ class SpeculationStats:
             "draft_length_counts": {str(k): v for k, v in sorted(self.draft_length_counts.items())},
             "verify_batch_counts": {str(k): v for k, v in sorted(self.verify_batch_counts.items())},
             "rounds_by_method": dict(self.rounds_by_method),
+            "tokens_by_method": dict(self.tokens_by_method),
+            "seconds_by_method": dict(self.seconds_by_method),
             "backoffs": self.backoffs,
             "tokens_per_second": self.tokens_per_second,
             "time_to_first_token_sec": self.time_to_first_token_sec,
