@@ -24,8 +24,8 @@ from pathlib import Path
 
 from backends.engines.interface import ChatMessage
 from backends.engines.llama import LlamaEngine, LlamaLoadSettings
-from backends.engines.rpc import WorkerAddress, wait_for_worker
 from backends.engines.weight_placement import cpu_model_name
+from backends.engines.worker_probe import WorkerAddress, wait_for_worker
 from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, model_path
 from backends.service.suite_prompts import SUITE_PROMPTS, SuitePrompt
 from backends.speculation.loop import SpeculativeDecoder

@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from backends.engines.interface import ChatMessage
 from backends.service.protocol import GenerateRequest
-from gui.settings import generation_settings
+from gui.settings_to_backends import generation_settings
 from gui.transcript import spans_from_tokens
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from backends.models.catalog import CatalogScan, default_model_folders, scan_mod
 from backends.service.loaded_pair import crash_safe_request
 from gui.background import BackgroundTask
 from gui.engine_client import EngineDeath, PairReport
-from gui.settings import extra_model_folders
+from gui.settings_to_backends import extra_model_folders
 from gui.status_bar import gpu_summary
 from gui.worker_loss import WorkerProbe, mentions_rpc_failure
 

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.engines.rpc import parse_workers
+from backends.engines.worker_probe import parse_workers
 from backends.errors import SettingsError, SpecDeckError
 from backends.models.catalog import CatalogScan
 from backends.paths import user_data_dir
@@ -45,7 +45,8 @@ from gui.fastest_setup import FastestSetupFinder
 from gui.first_run import FirstRunDialog
 from gui.load_controller import LoadController, LoadState
 from gui.meter import AcceptanceMeter
-from gui.settings import AppSettings, extra_model_folders
+from gui.settings import AppSettings
+from gui.settings_to_backends import extra_model_folders
 from gui.sidebar import Sidebar
 from gui.status_bar import ResourceStatusBar
 

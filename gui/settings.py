@@ -10,32 +10,27 @@ import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from PySide6.QtCore import QObject, Signal
 
-from backends.engines.draft_weights import DRAFT_WEIGHT_MODES, check_draft_weights
+from backends.engines.draft_weights import DRAFT_WEIGHT_MODES
 from backends.engines.interface import DEFAULT_CONTEXT_SIZE
-from backends.engines.rpc import parse_split, parse_workers
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SettingsError
 from backends.paths import user_data_dir
-from backends.service.generation_options import GenerationOptions
-from backends.service.generation_options import generation_settings as settings_from_options
-from backends.service.protocol import DEFAULT_API_HOST, DEFAULT_API_PORT, ENGINE_KINDS, LoadRequest
-from backends.speculation.methods import DEFAULT_METHOD, METHODS, parse_method
+from backends.service.protocol import DEFAULT_API_HOST, DEFAULT_API_PORT, ENGINE_KINDS
+from backends.speculation.methods import DEFAULT_METHOD, METHODS
 from backends.speculation.types import (
     DEFAULT_DRAFT_MAX,
     DEFAULT_DRAFT_MIN,
     DEFAULT_MAX_TOKENS,
     DEFAULT_P_MIN,
-    GenerationSettings,
 )
 
 if TYPE_CHECKING:
-    from backends.engines.weight_placement import WeightRepacking
-    from backends.service.protocol import EngineKind
+    from pathlib import Path
+
     from backends.speculation.methods import SpeculationMethod
 
 logger = logging.getLogger(__name__)
@@ -667,86 +662,6 @@ class AppSettings(QObject):
             logger.warning("cannot rename %s to %s: %s", self._path, broken.name, error)
 
 
-# -- settings to backend types ---------------------------------------------------------------
-
-
-def generation_options(settings: AppSettings) -> GenerationOptions:
-    """What the window's settings say about a generation (seed -1 becomes None: fresh)."""
-    seed = settings.get_int("seed")
-    return GenerationOptions(
-        max_tokens=settings.get_int("max_tokens"),
-        temperature=settings.get_float("temperature"),
-        top_p=settings.get_float("top_p"),
-        top_k=settings.get_int("top_k"),
-        min_p=settings.get_float("min_p"),
-        seed=None if seed == RANDOM_SEED else seed,
-        draft_max=settings.get_int("draft_max"),
-        draft_min=min(settings.get_int("draft_min"), settings.get_int("draft_max")),
-        p_min=settings.get_float("p_min"),
-        exact_batches=settings.get_bool("exact_verification"),
-    )
-
-
-def generation_settings(settings: AppSettings) -> GenerationSettings:
-    """The GenerationSettings the settings describe (the backends' one policy for the rest)."""
-    return settings_from_options(generation_options(settings))
-
-
-def engine_kind(settings: AppSettings) -> EngineKind:
-    """The engine setting as the protocol's type."""
-    engine = settings.get_str("engine")
-    for kind in ENGINE_KINDS:
-        if engine == kind:
-            return kind
-    raise SettingsError(f"unknown engine {engine!r}")
-
-
-def speculation_method(settings: AppSettings) -> SpeculationMethod:
-    """The speculation_method setting as the backends' type."""
-    return parse_method(settings.get_str("speculation_method"))
-
-
-def load_request_for(
-    settings: AppSettings,
-    main_path: Path | str,
-    draft_path: Path | str | None,
-    method: SpeculationMethod,
-    *,
-    engine: EngineKind | None = None,
-) -> LoadRequest:
-    """A LoadRequest for the pair, with the engine and context size from the settings.
-
-    Raises SettingsError when the combination is impossible (draft-model without a draft,
-    a malformed worker or layer split).
-    """
-    workers = parse_workers(settings.get_str("workers"))
-    if workers and (engine or engine_kind(settings)) != "llama.cpp":
-        raise SettingsError("Workers need the llama.cpp engine: clear Workers to use MLX")
-    return LoadRequest(
-        main_path=str(main_path),
-        draft_path=None if draft_path is None else str(draft_path),
-        engine=engine if engine is not None else engine_kind(settings),
-        method=method,
-        n_ctx=settings.get_int("context_size"),
-        weight_repacking=weight_repacking(settings),
-        workers=tuple(str(worker) for worker in workers),
-        layer_split=parse_split(settings.get_str("layer_split"), len(workers)),
-        draft_weights=check_draft_weights(settings.get_str("draft_weights")),
-    )
-
-
-def weight_repacking(settings: AppSettings) -> WeightRepacking:
-    """The weight_repacking setting as the engine takes it."""
-    value = settings.get_str("weight_repacking")
-    return next((mode for mode in WEIGHT_REPACKING_MODES if mode == value), "auto")
-
-
-def extra_model_folders(settings: AppSettings) -> list[Path]:
-    """The extra_model_folders setting as paths (empty entries skipped, ``~`` expanded)."""
-    text = settings.get_str("extra_model_folders")
-    return [Path(part).expanduser() for part in text.split(os.pathsep) if part.strip()]
-
-
 __all__ = [
     "DRAFT_CHOICE_NGRAM",
     "DRAFT_CHOICE_OFF",
@@ -760,13 +675,6 @@ __all__ = [
     "SettingValue",
     "check_value",
     "default_settings_path",
-    "engine_kind",
-    "extra_model_folders",
-    "generation_settings",
-    "load_request_for",
     "migrate",
-    "generation_options",
     "setting_spec",
-    "speculation_method",
-    "weight_repacking",
 ]

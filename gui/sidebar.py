@@ -32,13 +32,9 @@ from gui.models_panel import (
     model_card_html,
 )
 from gui.server_panel import ServerPanel
-from gui.settings import (
-    DRAFT_CHOICE_NGRAM,
-    DRAFT_CHOICE_OFF,
-    load_request_for,
-    speculation_method,
-)
+from gui.settings import DRAFT_CHOICE_NGRAM, DRAFT_CHOICE_OFF
 from gui.settings_form import SettingsForm, show_setting
+from gui.settings_to_backends import load_request_for, speculation_method
 from gui.style import ERROR_TEXT
 
 if TYPE_CHECKING:

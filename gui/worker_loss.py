@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
-from backends.engines.rpc import parse_worker, probe_worker
+from backends.engines.worker_probe import parse_worker, probe_worker
 from gui.background import BackgroundTask
 
 if TYPE_CHECKING:

@@ -1,8 +1,9 @@
 """House rules that keep the layers apart, checked on every module of every sub-package.
 
 backends/ never imports Qt or the GUI; its packages import only downwards in the declared
-order of ``BACKEND_LAYERS`` (and the modules of engines/ and speculation/ in theirs); no
-import cycle inside backends/ or inside gui/; a module docstring in every Python file.
+order of ``BACKEND_LAYERS`` (and the modules of engines/, speculation/ and service/ in
+theirs, ``PACKAGE_ORDERS``); no import cycle inside backends/ or inside gui/; a module
+docstring in every Python file.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ROOT / "backends"
@@ -42,6 +47,8 @@ ENGINE_ORDER = (
     "hardware",
     "weight_placement",
     "load_guard",
+    "worker_probe",
+    "layer_split",
     "rpc",
     "draft_weights",
     "chat_template",
@@ -52,6 +59,53 @@ ENGINE_ORDER = (
     "rpc_worker",
     "selection",
 )
+# The modules of backends/speculation/, lowest first: the vocabulary (types), the pure parts
+# of a round, the drafters, then the planner that chooses among them, the loop that drives a
+# round, and the methods that assemble a decoder.
+SPECULATION_ORDER = (
+    "sampling",
+    "types",
+    "rounds",
+    "estimates",
+    "earnings",
+    "target_rows",
+    "text_stream",
+    "verification",
+    "drafters",
+    "ngram",
+    "edit_copy",
+    "planner",
+    "loop",
+    "methods",
+)
+# The modules of backends/service/, lowest first; a name covers a sub-package (api).
+SERVICE_ORDER = (
+    "protocol",
+    "generation_options",
+    "suite_prompts",
+    "tuning_prediction",
+    "tuning",
+    "tuning_memory",
+    "pair_runs",
+    "pair_tuning",
+    "loaded_pair",  # the pair service, with the load flags its command lines share
+    "api",
+    "engine_server",
+    # The command lines and their parts: no module above imports them.
+    "bench_watch",
+    "bench_suite",
+    "bench_report",
+    "tune_bench",
+    "bench",
+    "serve_cli",
+    "worker_cli",
+    "models_cli",
+)
+PACKAGE_ORDERS = {
+    "backends.engines": ENGINE_ORDER,
+    "backends.speculation": SPECULATION_ORDER,
+    "backends.service": SERVICE_ORDER,
+}
 
 
 def backend_modules(top: str = "backends") -> dict[str, Path]:
@@ -135,12 +189,50 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
-def test_the_speculation_layers_only_import_downwards() -> None:
+def rank_in(package: str, order: Sequence[str], module: str) -> int | None:
+    """The index in ``order`` of the name covering ``module`` (None: not of ``package``)."""
+    if not module.startswith(package + "."):
+        return None
+    name = module.removeprefix(package + ".")
+    covering = [
+        index for index, part in enumerate(order) if name == part or name.startswith(part + ".")
+    ]
+    return max(covering, key=lambda index: len(order[index]), default=None)
+
+
+def order_violations(graph: dict[str, set[str]], package: str, order: Sequence[str]) -> list[str]:
+    """Each import inside ``package`` that goes up ``order`` (its modules, lowest first)."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        level = rank_in(package, order, module)
+        if level is None:
+            continue
+        for target in sorted(targets):
+            target_level = rank_in(package, order, target)
+            if target_level is not None and target_level > level:
+                found.append(f"{module} imports {target}")
+    return found
+
+
+def test_the_modules_of_each_package_only_import_downwards() -> None:
     graph = import_graph()
-    order = ["sampling", "types", "drafters", "ngram", "planner", "loop", "methods"]
-    for lower, module in enumerate(order):
-        higher = {f"backends.speculation.{name}" for name in order[lower + 1 :]}
-        assert not graph[f"backends.speculation.{module}"] & higher, module
+    for package, order in PACKAGE_ORDERS.items():
+        assert order_violations(graph, package, order) == [], package
+
+
+def test_the_order_check_sees_an_upward_import() -> None:
+    graph = {
+        "backends.service.loaded_pair": {
+            "backends.service.worker_cli",
+            "backends.service.protocol",
+        },
+        "backends.service.api.worker": {"backends.service.loaded_pair"},
+        "backends.service.protocol": {"backends.service.api.jobs"},
+    }
+    assert order_violations(graph, "backends.service", SERVICE_ORDER) == [
+        "backends.service.loaded_pair imports backends.service.worker_cli",
+        "backends.service.protocol imports backends.service.api.jobs",
+    ]
 
 
 def layer_of(module: str) -> tuple[int, str]:
@@ -187,19 +279,18 @@ def test_the_layer_check_sees_an_upward_and_a_sideways_import() -> None:
 
 def test_every_backend_module_belongs_to_a_layer() -> None:
     assert all(layer_of(module) for module in backend_modules() if module != "backends")
-    engines = {
-        name.removeprefix("backends.engines.")
-        for name in backend_modules()
-        if name.startswith("backends.engines.")
-    }
-    assert engines == set(ENGINE_ORDER), "declare every engines module in ENGINE_ORDER"
+    for package, order in PACKAGE_ORDERS.items():
+        undeclared = [
+            name
+            for name in backend_modules()
+            if name.startswith(package + ".") and rank_in(package, order, name) is None
+        ]
+        assert undeclared == [], f"declare every module of {package} in its order"
+        assert all(f"{package}.{name}" in backend_modules() for name in order), package
 
 
-def test_the_engine_modules_only_import_downwards() -> None:
+def test_the_engine_interface_imports_no_engine_module() -> None:
     graph = import_graph()
-    for lower, module in enumerate(ENGINE_ORDER):
-        higher = {f"backends.engines.{name}" for name in ENGINE_ORDER[lower + 1 :]}
-        assert not graph[f"backends.engines.{module}"] & higher, module
     # The interface is the floor: an engine-neutral layer above it never sees an engine's types.
     assert not {
         name for name in graph["backends.engines.interface"] if name.startswith("backends.engines")

@@ -2,12 +2,12 @@
 
 SpecDeck talks to llama.cpp through ctypes and its log, so it holds copies of enum values
 (backends/engines/llama_native.py, weight_placement.py), of log lines' shapes
-(llama_native.py) and of the
-RPC protocol version (rpc.py). Each is checked here against the installed build: its headers
-(installed with it by packaging/llama.cpp/build-wheel), its libraries' own strings and name
-functions, and a worker it serves. The patches themselves: git format-patch output on one
-recorded base, applied by build-wheel with no fuzz and refused in one line when they do not
-apply (packaging/llama.cpp/README.md).
+(llama_native.py) and of the RPC protocol version (worker_probe.py). Each is checked here
+against the installed build: its headers (installed with it by
+packaging/llama.cpp/build-wheel), its libraries' own strings and name functions, and a
+worker it serves. The patches themselves: git format-patch output on one recorded base,
+applied by build-wheel with no fuzz and refused in one line when they do not apply
+(packaging/llama.cpp/README.md).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from backends.engines import hardware, llama_native, rpc, weight_placement
+from backends.engines import hardware, llama_native, weight_placement, worker_probe
 from tests.llama_headers import define_value, enum_values, header
 from tests.workers import Worker
 
@@ -211,7 +211,7 @@ def test_the_variables_and_features_specdeck_reads_are_the_librarys() -> None:
 
 def test_the_rpc_protocol_version_is_the_built_headers() -> None:
     built = header("ggml-rpc.h")
-    copied = (rpc.PROTOCOL_MAJOR, rpc.PROTOCOL_MINOR)
+    copied = (worker_probe.PROTOCOL_MAJOR, worker_probe.PROTOCOL_MINOR)
     assert copied == (
         define_value(built, "RPC_PROTO_MAJOR_VERSION"),
         define_value(built, "RPC_PROTO_MINOR_VERSION"),
@@ -219,8 +219,8 @@ def test_the_rpc_protocol_version_is_the_built_headers() -> None:
 
 
 def test_a_worker_of_the_built_library_speaks_that_version() -> None:
-    # The hello, device count and memory commands (rpc.py's copies of ggml-rpc.cpp's numbers)
-    # answered by the installed library's own server.
+    # The hello, device count and memory commands (worker_probe.py's copies of ggml-rpc.cpp's
+    # numbers) answered by the installed library's own server.
     built = header("ggml-rpc.h")
     version = ".".join(
         str(define_value(built, f"RPC_PROTO_{part}_VERSION"))
@@ -228,7 +228,7 @@ def test_a_worker_of_the_built_library_speaks_that_version() -> None:
     )
     worker = Worker()
     try:
-        status = rpc.probe_worker(worker.address)
+        status = worker_probe.probe_worker(worker.address)
     finally:
         worker.kill()
     assert status.reachable, status.problem

@@ -12,15 +12,18 @@ import pytest
 from backends.engines.interface import ChatMessage
 from backends.engines.load_guard import SAFEST, CrashRecords, LoadRefusedError, RiskySettings
 from backends.errors import IncompatiblePairError, SettingsError, SpecDeckError
+from backends.models import gguf_to_mlx, provision
 from backends.models.catalog import read_catalog_model
 from backends.paths import DATA_DIR_ENV
-from backends.service import loaded_pair
+from backends.service import bench, loaded_pair, serve_cli
+from backends.service.bench_watch import WORKER_ENV
 from backends.service.loaded_pair import check_files, crash_safe_request, open_pair
 from backends.service.protocol import LoadRequest
 from backends.speculation.types import GenerationSettings
 from tests.conftest import TEST_CONTEXT
 
 if TYPE_CHECKING:
+    import argparse
     from pathlib import Path
 
     from backends.service.protocol import RunKind
@@ -141,6 +144,61 @@ def test_serve_refuses_a_pair_that_crashed_with_the_safest_settings_before_liste
     assert lines[0].startswith("specdeck serve: error: SmolLM2-135M-Instruct.Q4_1.gguf crashed")
     assert "will not load it again by itself" in lines[0]
     assert "listening" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], ("main.gguf", "draft.gguf")),
+        (["--main", "mine.gguf"], ("mine.gguf", None)),
+        (["--draft", "small.gguf"], ("main.gguf", "small.gguf")),
+        (["--main", "mine.gguf", "--draft", "small.gguf"], ("mine.gguf", "small.gguf")),
+        (["--engine", "mlx"], ("mlx/main", "draft.gguf")),
+        (["--engine", "mlx", "--main", "mine.gguf"], ("mlx/mine", None)),
+    ],
+)
+def test_bench_and_serve_resolve_the_same_pair_from_the_same_flags(
+    flags: list[str],
+    expected: tuple[str, str | None],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The default pair and the MLX import are stand-ins: this is about which files each
+    # command line asks for, the same in both (a GGUF main model imported for --engine mlx).
+    for name in ("main.gguf", "draft.gguf", "mine.gguf", "small.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    default_pair = {
+        provision.DEFAULT_MAIN_KEY: "main.gguf",
+        provision.DEFAULT_DRAFT_KEY: "draft.gguf",
+    }
+    monkeypatch.setattr(
+        provision, "ensure_model", lambda key, _progress: tmp_path / default_pair[key]
+    )
+    imported: list[Path] = []
+
+    def mlx_import(gguf: Path, _progress: object) -> Path:
+        imported.append(gguf)
+        return tmp_path / "mlx" / gguf.stem
+
+    monkeypatch.setattr(gguf_to_mlx, "ensure_mlx_import", mlx_import)
+    monkeypatch.setenv(WORKER_ENV, str(tmp_path / "stages"))  # bench's measuring process
+    asked: list[tuple[Path, Path | None]] = []
+
+    def request(
+        _args: argparse.Namespace, main: Path, draft: Path | None, _method: str
+    ) -> LoadRequest:
+        asked.append((main, draft))
+        raise SettingsError("resolved")  # each command line stops here, with an exit status
+
+    for cli in (bench, serve_cli):
+        monkeypatch.setattr(cli, "request_from_args", request)
+    argv = [str(tmp_path / flag) if flag.endswith(".gguf") else flag for flag in flags]
+    assert bench.main([*argv, "--debug"]) == 1
+    assert serve_cli.main([*argv, "--debug"]) == serve_cli.EXIT_BAD_SETTINGS
+    main, draft = expected
+    resolved = (tmp_path / main, None if draft is None else tmp_path / draft)
+    assert asked == [resolved, resolved]  # bench's, then serve's
+    assert len(imported) == (2 if "mlx" in flags else 0)
 
 
 def test_risky_settings_pass_through_when_nothing_crashed(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from backends.models.provision import (
     ModelSource,
     ModelState,
     ProvisionProgress,
+    TextProgressBar,
     ensure_default_pair,
     ensure_model,
     model_path,
@@ -37,7 +38,6 @@ from backends.models.provision import (
 )
 from backends.paths import MODELS_DIR_ENV
 from backends.service import models_cli
-from backends.service.models_cli import TextProgressBar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SMALL = MODELS[SMALL_TEST_KEY]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from backends.engines.llama import LlamaEngine
-    from backends.engines.rpc import WorkerStatus
+    from backends.engines.worker_probe import WorkerStatus
 
 VOCAB = 6
 DRAWS = 12_000

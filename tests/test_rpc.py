@@ -16,17 +16,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from backends.engines.interface import ChatMessage, LoadReport
+from backends.engines.layer_split import LayerSplit, parse_split, split_layers
 from backends.engines.llama import LlamaEngine, LlamaLoadSettings
-from backends.engines.rpc import (
-    REPLY_TIMEOUT_ENV,
-    LayerSplit,
+from backends.engines.rpc import REPLY_TIMEOUT_ENV
+from backends.engines.worker_probe import (
     WorkerAddress,
     WorkerError,
     check_workers,
-    parse_split,
     parse_workers,
     probe_worker,
-    split_layers,
 )
 from backends.errors import SettingsError, SpecDeckError
 from backends.service.loaded_pair import open_pair

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from backends.engines.rpc import WorkerAddress, wait_for_worker
+from backends.engines.worker_probe import WorkerAddress, wait_for_worker
 
 START_TIMEOUT = 30.0
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from backends.engines.chat_template import ChatTemplate
     from backends.engines.interface import ChatMessage, LogitRows, VocabFacts
-    from backends.engines.rpc import WorkerStatus
+    from backends.engines.worker_probe import WorkerStatus
     from backends.models.gguf_info import ModelInfo
 
 log = logging.getLogger(__name__)

@@ -86,7 +86,7 @@ class WorkerState(Protocol):
     """A worker machine holding some of a model's layers, as its engine last saw it.
 
     What the layers above an engine read of a worker; llama.cpp's RPC workers report it as
-    :class:`backends.engines.rpc.WorkerStatus`.
+    :class:`backends.engines.worker_probe.WorkerStatus`.
     """
 
     @property

@@ -29,6 +29,7 @@ from backends.engines.interface import (
     probe_exact_batch_limit,
     probe_exact_batches_and_siblings,
 )
+from backends.engines.layer_split import parse_split, split_layers
 from backends.engines.llama_native import (
     FLASH_ATTENTION_ENABLED,
     GGML_TYPE_F16,
@@ -45,24 +46,24 @@ from backends.engines.pass_delay import PassDelay
 from backends.engines.rpc import (
     HeldLinks,
     RemoteDevice,
-    WorkerAddress,
     WorkerConnections,
-    WorkerDevice,
-    WorkerStatus,
-    check_workers,
     connect_devices,
     device_memory,
     holds_connection,
-    parse_split,
-    parse_workers,
     refuse_abandoned,
-    split_layers,
 )
 from backends.engines.weight_placement import (
     WEIGHT_REPACKING_MODES,
     WeightPlan,
     WeightRepacking,
     apply_plan,
+)
+from backends.engines.worker_probe import (
+    WorkerAddress,
+    WorkerDevice,
+    WorkerStatus,
+    check_workers,
+    parse_workers,
 )
 from backends.errors import EngineError, ModelFileError, SettingsError
 from backends.models.gguf_info import read_model_info

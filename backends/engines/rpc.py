@@ -1,51 +1,39 @@
-"""llama.cpp's RPC backend: worker machines that hold part of the main model's layers.
+"""llama.cpp's RPC client in this process: the workers' devices, and a watch on their links.
 
-A worker runs llama.cpp's RPC server (``specdeck worker``, :func:`serve_worker`); the engine
-connects to it and places layers there as on a local GPU. llama.cpp's client has no
-timeouts and aborts the process when a worker is unreachable or dies, so SpecDeck keeps it
-on a short leash:
+llama.cpp's client has no timeouts and aborts the process when a worker is unreachable or
+dies, so SpecDeck keeps it on a short leash. The workers are probed first
+(:mod:`backends.engines.worker_probe`); then:
 
-- every worker is probed from Python first (:func:`probe_worker`: connect, llama.cpp's HELLO,
-  the device count and memory, each wait with a timeout), so an unreachable one is a
-  one-line error naming it, never an abort;
+- their devices are made in llama.cpp's client through ctypes (:func:`connect_devices`) and
+  never registered with ggml, so a model loaded without workers (the draft) stays on this
+  machine; :class:`HeldLinks` keeps each worker's connection open from the probe to the
+  end of the load;
 - once a model is loaded, its connections (:class:`WorkerConnections`) get TCP keepalive
   and a reply timeout sized to the batch, and are checked before every forward pass: a
   worker that went away between answers is an error, not an abort; one that dies during a
-  pass ends the engine process (the window's crash path, which names the worker);
-- the RPC devices are never registered with ggml, so a model loaded without workers (the
-  draft) stays on this machine.
-
-The wire format used by the probe is llama.cpp's (ggml-rpc.cpp): a command byte, a 64-bit
-little-endian size and the payload; the reply is a size and a payload.
+  pass ends the engine process (the window's crash path, which names the worker).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import logging
 import os
 import socket
 import struct
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from backends.errors import SettingsError, SpecDeckError
+from backends.engines.worker_probe import WorkerError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from backends.engines.worker_probe import WorkerAddress
+
 log = logging.getLogger(__name__)
 
-DEFAULT_WORKER_PORT = 50052
-DEFAULT_WORKER_HOST = "127.0.0.1"
-PROBE_TIMEOUT_SECONDS = 3.0
-# The RPC protocol of the pinned llama.cpp (ggml-rpc.h): a worker must speak 7.0.x.
-# tests/test_llama_build.py checks it against the built ggml-rpc.h and a worker.
-PROTOCOL_MAJOR = 7
-PROTOCOL_MINOR = 0
 # Reply timeout of a forward pass on workers: this many times the slowest seconds per
 # token seen so far, and never below the floor (``$SPECDECK_RPC_TIMEOUT`` sets the floor).
 REPLY_TIMEOUT_FACTOR = 20.0
@@ -57,274 +45,6 @@ KEEPALIVE_INTERVAL_SECONDS = 2
 KEEPALIVE_COUNT = 3
 # Sent data unacknowledged this long: the connection is dead (TCP_USER_TIMEOUT, ms).
 UNACKED_TIMEOUT_MS = 15_000
-
-# enum rpc_cmd and the hello's sizes of ggml-rpc.cpp (a worker of the built library answers
-# them in tests/test_llama_build.py)
-_CMD_GET_DEVICE_MEMORY = 11
-_CMD_HELLO = 14
-_CMD_DEVICE_COUNT = 15
-_CONNECTION_CAPS_SIZE = 24
-_HELLO_REPLY = struct.Struct("<BBBB24s")
-_SIZE = struct.Struct("<Q")
-
-# The warning llama.cpp's rpc-server prints for any bind address but 127.0.0.1.
-OPEN_NETWORK_WARNING = (
-    "WARNING: Host ('{host}') is != '127.0.0.1'\n"
-    "         Never expose the RPC server to an open network!\n"
-    "         This is an experimental feature and is not secure!"
-)
-
-
-class WorkerError(SpecDeckError):
-    """A worker that cannot be used: unreachable, busy, another protocol, gone."""
-
-
-@dataclass(frozen=True, order=True)
-class WorkerAddress:
-    """Where a worker listens: an IPv4 address or host name, and a port."""
-
-    host: str
-    port: int = DEFAULT_WORKER_PORT
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def resolve(self) -> str:
-        """The IPv4 address llama.cpp connects to (it resolves names to IPv4 only); once."""
-        return _resolve(self.host, str(self))
-
-    @property
-    def endpoint(self) -> str:
-        """The "ip:port" llama.cpp's RPC client is given."""
-        return f"{self.resolve()}:{self.port}"
-
-
-@functools.cache
-def _resolve(host: str, worker: str) -> str:
-    try:
-        return socket.gethostbyname(host)
-    except OSError as error:
-        raise WorkerError(f"worker {worker}: cannot resolve {host!r} ({error})") from None
-
-
-def parse_worker(text: str) -> WorkerAddress:
-    """``host:port`` (or ``host``, port 50052) as a WorkerAddress; SettingsError if malformed."""
-    item = text.strip()
-    host, colon, port_text = item.rpartition(":")
-    if not colon:
-        host, port_text = item, str(DEFAULT_WORKER_PORT)
-    host = host.strip()
-    if not host or any(c.isspace() for c in host) or "[" in host:
-        raise SettingsError(f"worker {item!r}: give it as host:port, e.g. 192.168.1.20:50052")
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise SettingsError(f"worker {item!r}: the port must be a number from 1 to 65535")
-    return WorkerAddress(host, int(port_text))
-
-
-def parse_workers(text: str | Sequence[str]) -> tuple[WorkerAddress, ...]:
-    """Workers from "a:1,b:2" (commas or spaces) or a list of such items; no duplicates."""
-    items = text.replace(",", " ").split() if isinstance(text, str) else list(text)
-    workers = tuple(parse_worker(item) for item in items if item.strip())
-    seen: set[WorkerAddress] = set()
-    for worker in workers:
-        if worker in seen:
-            raise SettingsError(f"worker {worker} is listed twice")
-        seen.add(worker)
-    return workers
-
-
-def parse_split(text: str | Sequence[float], n_workers: int) -> tuple[float, ...]:
-    """A layer split: one share per worker and the last for this computer ("3,1,0").
-
-    Empty means by free memory (returned as ``()``).
-    """
-    if isinstance(text, str):
-        parts = [part for part in text.replace(",", " ").split() if part]
-        try:
-            shares = tuple(float(part) for part in parts)
-        except ValueError:
-            raise SettingsError(
-                f"layer split {text!r}: give one number per worker and one for this computer"
-            ) from None
-    else:
-        shares = tuple(float(share) for share in text)
-    if not shares:
-        return ()
-    if n_workers == 0:
-        raise SettingsError("a layer split needs workers to split across")
-    if len(shares) != n_workers + 1:
-        raise SettingsError(
-            f"layer split has {len(shares)} shares; give {n_workers + 1}: one per worker "
-            "and the last for this computer"
-        )
-    if any(share < 0 for share in shares) or sum(shares) <= 0:
-        raise SettingsError("layer split: shares must be >= 0 and not all 0")
-    return shares
-
-
-# -- probing a worker from Python (every wait with a timeout) ---------------------------------
-
-
-@dataclass(frozen=True)
-class WorkerDevice:
-    """One device a worker serves, with its memory as the worker reports it."""
-
-    index: int
-    memory_free: int
-    memory_total: int
-
-
-@dataclass(frozen=True)
-class WorkerStatus:
-    """What a probe found: reachable or why not, the protocol version, devices and memory."""
-
-    address: WorkerAddress
-    reachable: bool
-    problem: str = ""  # one line when not reachable
-    version: str = ""
-    devices: tuple[WorkerDevice, ...] = field(default=())
-
-    @property
-    def memory_free(self) -> int:
-        """Free bytes over the worker's devices."""
-        return sum(device.memory_free for device in self.devices)
-
-    @property
-    def memory_total(self) -> int:
-        """Total bytes over the worker's devices."""
-        return sum(device.memory_total for device in self.devices)
-
-    def summary(self) -> str:
-        """E.g. "127.0.0.1:50052: reachable, 3.1 GB of 24.0 GB free"."""
-        if not self.reachable:
-            return f"{self.address}: {self.problem}"
-        return (
-            f"{self.address}: reachable, {self.memory_free / 1e9:.1f} GB of "
-            f"{self.memory_total / 1e9:.1f} GB free"
-        )
-
-
-def _receive_exactly(connection: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = connection.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("the worker closed the connection")
-        data += chunk
-    return data
-
-
-def _command(connection: socket.socket, command: int, payload: bytes, reply_size: int) -> bytes:
-    connection.sendall(bytes([command]) + _SIZE.pack(len(payload)) + payload)
-    (size,) = _SIZE.unpack(_receive_exactly(connection, _SIZE.size))
-    if size != reply_size:
-        raise ConnectionError(f"unexpected reply ({size} bytes, expected {reply_size})")
-    return _receive_exactly(connection, size)
-
-
-def probe_worker(address: WorkerAddress, timeout: float = PROBE_TIMEOUT_SECONDS) -> WorkerStatus:
-    """Ask a worker for its protocol version, devices and memory; never raises, never hangs.
-
-    A worker serves one client at a time: one that accepts the connection but does not
-    answer within ``timeout`` is busy with another (or hung).
-    """
-    try:
-        ip = address.resolve()
-    except WorkerError as error:
-        return WorkerStatus(address, False, str(error).removeprefix(f"worker {address}: "))
-    try:
-        with socket.create_connection((ip, address.port), timeout=timeout) as connection:
-            hello = _command(
-                connection, _CMD_HELLO, bytes(_CONNECTION_CAPS_SIZE), _HELLO_REPLY.size
-            )
-            major, minor, patch, _pad, _caps = _HELLO_REPLY.unpack(hello)
-            version = f"{major}.{minor}.{patch}"
-            if major != PROTOCOL_MAJOR or minor > PROTOCOL_MINOR:
-                return WorkerStatus(
-                    address,
-                    False,
-                    f"speaks RPC protocol {version}; this SpecDeck needs "
-                    f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}.x (run the same SpecDeck version there)",
-                    version,
-                )
-            (count,) = struct.unpack("<I", _command(connection, _CMD_DEVICE_COUNT, b"", 4))
-            devices = []
-            for index in range(count):
-                reply = _command(connection, _CMD_GET_DEVICE_MEMORY, struct.pack("<I", index), 16)
-                free, total = struct.unpack("<QQ", reply)
-                devices.append(WorkerDevice(index, free, total))
-    except TimeoutError:
-        return WorkerStatus(
-            address, False, f"did not answer within {timeout:g} s (busy with another client?)"
-        )
-    except ConnectionRefusedError:
-        return WorkerStatus(address, False, "connection refused (is `specdeck worker` running?)")
-    except (OSError, ConnectionError) as error:
-        return WorkerStatus(address, False, _os_problem(error))
-    if not devices:
-        return WorkerStatus(address, False, "serves no device", version)
-    return WorkerStatus(address, True, "", version, tuple(devices))
-
-
-def _os_problem(error: BaseException) -> str:
-    if isinstance(error, OSError) and error.errno is not None and error.strerror:
-        return error.strerror.lower()
-    return str(error) or type(error).__name__
-
-
-def check_workers(
-    addresses: Sequence[WorkerAddress], timeout: float = PROBE_TIMEOUT_SECONDS
-) -> tuple[WorkerStatus, ...]:
-    """Probe every worker; WorkerError naming the first that cannot be used."""
-    statuses = tuple(probe_worker(address, timeout) for address in addresses)
-    for status in statuses:
-        if not status.reachable:
-            raise WorkerError(f"worker {status.address} is unreachable: {status.problem}")
-    return statuses
-
-
-def wait_for_worker(address: WorkerAddress, timeout: float) -> WorkerStatus:
-    """Probe until the worker answers or ``timeout`` passes; the last status."""
-    deadline = time.monotonic() + timeout
-    while True:
-        status = probe_worker(address, timeout=min(PROBE_TIMEOUT_SECONDS, timeout))
-        if status.reachable or time.monotonic() >= deadline:
-            return status
-        time.sleep(0.1)
-
-
-# -- the layer split --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LayerSplit:
-    """How llama.cpp is told to place the main model: devices, their shares, layers off-CPU."""
-
-    n_gpu_layers: int  # llama_model_params.n_gpu_layers (999: all, the output layer too)
-    device_shares: tuple[float, ...]  # tensor_split, one per device in the devices list
-
-
-def split_layers(
-    n_layers: int,
-    worker_shares: Sequence[float],
-    local_gpu_shares: Sequence[float],
-    local_cpu_share: float,
-) -> LayerSplit:
-    """Where the layers go: workers first, then this computer's GPUs, the rest on its CPU.
-
-    llama.cpp counts the output layer as one more layer after the ``n_layers`` repeating
-    ones: ``n_gpu_layers`` = k puts the output layer and the last k - 1 repeating layers on
-    the devices (spread by their shares) and the rest on the CPU. With local GPUs the CPU
-    keeps none; without, it keeps its share of the repeating layers (rounded; workers keep
-    at least one each when their share is not 0).
-    """
-    shares = (*worker_shares, *local_gpu_shares)
-    if local_gpu_shares or local_cpu_share <= 0:
-        return LayerSplit(999, shares)
-    total = sum(shares) + local_cpu_share
-    remote = round(n_layers * sum(shares) / total) if total > 0 else 0
-    remote = max(remote, sum(1 for share in shares if share > 0))
-    return LayerSplit(min(remote, n_layers) + 1, shares)
 
 
 # -- the native client ------------------------------------------------------------------------
@@ -429,6 +149,9 @@ def connect_devices(addresses: Sequence[WorkerAddress]) -> tuple[RemoteDevice, .
             name = (lib.ggml_backend_dev_name(pointer) or b"RPC").decode(errors="replace")
             devices.append(RemoteDevice(address, name, int(pointer)))
     return tuple(devices)
+
+
+# -- the connection watch ---------------------------------------------------------------------
 
 
 # Live connections this process holds to workers (one per worker: llama.cpp shares it
@@ -582,27 +305,13 @@ def _closed(connection: socket.socket) -> bool:
 
 
 __all__ = [
-    "DEFAULT_WORKER_HOST",
-    "DEFAULT_WORKER_PORT",
-    "OPEN_NETWORK_WARNING",
-    "LayerSplit",
-    "RemoteDevice",
-    "WorkerAddress",
-    "WorkerConnections",
-    "WorkerDevice",
-    "WorkerError",
-    "WorkerStatus",
+    "REPLY_TIMEOUT_ENV",
     "HeldLinks",
-    "check_workers",
+    "RemoteDevice",
+    "WorkerConnections",
     "connect_devices",
     "device_memory",
     "holds_connection",
-    "parse_split",
-    "parse_worker",
-    "parse_workers",
-    "probe_worker",
     "refuse_abandoned",
     "require_rpc_function",
-    "split_layers",
-    "wait_for_worker",
 ]

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from backends.engines.hardware import GPU_KINDS, ggml_devices
 from backends.engines.llama_native import init_llama_cpp
-from backends.engines.rpc import WorkerError, require_rpc_function
+from backends.engines.rpc import require_rpc_function
+from backends.engines.worker_probe import WorkerError
 from backends.errors import SettingsError
 
 if TYPE_CHECKING:

@@ -29,6 +29,7 @@ else:
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from typing import TextIO
 
 logger = logging.getLogger(__name__)
 
@@ -540,3 +541,48 @@ else:
 def human_size(size: int) -> str:
     """Bytes as "1.12 GB" or "98.4 MB"."""
     return f"{size / 1e9:.2f} GB" if size >= 1_000_000_000 else f"{size / 1e6:.1f} MB"
+
+
+class TextProgressBar:
+    """Shows ProvisionProgress on a text stream.
+
+    On a terminal it redraws one line in place; elsewhere (logs, CI) it writes a line at the
+    start of a pass and every ``LOG_STEP_PERCENT`` percent.
+    """
+
+    BAR_WIDTH = 24
+    LOG_STEP_PERCENT = 10
+
+    def __init__(self, stream: TextIO) -> None:
+        """Draw on ``stream``; whether it is a terminal decides the style."""
+        self._stream = stream
+        self._interactive = stream.isatty()
+        self._line_open = False
+        self._last_percent: dict[str, int] = {}
+
+    def __call__(self, event: ProvisionProgress) -> None:
+        """Show one progress event."""
+        percent = int(event.fraction * 100)
+        filled = int(event.fraction * self.BAR_WIDTH)
+        bar = "#" * filled + "." * (self.BAR_WIDTH - filled)
+        line = (
+            f"{event.key} [{bar}] {percent:3d}% "
+            f"{human_size(event.done_bytes)}/{human_size(event.total_bytes)} {event.message}"
+        )
+        if self._interactive:
+            width = max(20, shutil.get_terminal_size().columns - 1)
+            self._stream.write("\r" + line[:width].ljust(width))
+            self._line_open = True
+        else:
+            last = self._last_percent.get(event.key)
+            if last is None or percent < last or percent >= last + self.LOG_STEP_PERCENT:
+                self._stream.write(line + "\n")
+                self._last_percent[event.key] = percent
+        self._stream.flush()
+
+    def finish(self) -> None:
+        """End the line being redrawn, if any, so that what follows starts on a new one."""
+        if self._line_open:
+            self._stream.write("\n")
+            self._stream.flush()
+            self._line_open = False

@@ -53,18 +53,17 @@ from backends.service.generation_options import (
 from backends.service.loaded_pair import (
     add_load_arguments,
     crash_safe_request,
-    mlx_import,
+    import_progress_bars,
     open_pair,
+    pair_paths_from_args,
     request_from_args,
+    worker_options,
 )
 from backends.service.suite_prompts import SUITE_PROMPTS
 from backends.service.tuning import DEFAULT_BUDGET_SECONDS
-from backends.service.worker_cli import worker_options
 from backends.speculation.methods import parse_method
 
 if TYPE_CHECKING:
-    from backends.models.gguf_to_mlx import ImportProgress, ImportProgressBar
-    from backends.service.loaded_pair import ImportReport
     from backends.service.protocol import LoadRequest
 
 DEFAULT_BENCH_MAX_TOKENS = 128
@@ -135,46 +134,6 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return args.prompt if args.prompt is not None else DEFAULT_PROMPT
 
 
-def _import_bars() -> ImportReport:
-    """A progress bar on stderr for each GGUF file imported to MLX."""
-    bars: dict[Path, ImportProgressBar] = {}
-
-    def show(path: Path, event: ImportProgress) -> None:
-        bar = bars.get(path)
-        if bar is None:
-            from backends.models.gguf_to_mlx import ImportProgressBar
-
-            bar = bars[path] = ImportProgressBar(sys.stderr, path.stem)
-        bar(event)
-
-    return show
-
-
-def _model_paths(
-    args: argparse.Namespace, imports: ImportReport, *, with_draft: bool = True
-) -> tuple[Path, Path | None]:
-    """--main and --draft, else the default pair's (fetched on first use, with a bar).
-
-    With --engine mlx a GGUF main model is imported to MLX here (a GGUF draft by the pair
-    service, when it is compatible). ``with_draft`` False: the main model alone.
-    """
-    main, draft = args.main, args.draft if with_draft else None
-    if main is None or (with_draft and draft is None):
-        from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, ensure_model
-        from backends.service.models_cli import TextProgressBar
-
-        progress = TextProgressBar(sys.stderr)
-        try:
-            main = main or ensure_model(DEFAULT_MAIN_KEY, progress)
-            if with_draft:
-                draft = draft or ensure_model(DEFAULT_DRAFT_KEY, progress)
-        finally:
-            progress.finish()
-    if args.engine == "mlx":
-        main = mlx_import(main, imports)
-    return main, draft
-
-
 def _crash_safe(request: LoadRequest, stage_file: Path) -> tuple[LoadRequest, list[str]]:
     """The request with the settings the crash records allow, and the note when they differ.
 
@@ -218,8 +177,8 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
         if args.suite and (args.prompt is not None or args.prompt_file is not None):
             raise SettingsError("--suite runs its own prompts; drop --prompt/--prompt-file")
         prompt_keys = suite_keys(args.suite_prompts) if args.suite else None
-        imports = _import_bars()
-        main_path, draft_path = _model_paths(args, imports)
+        imports = import_progress_bars(sys.stderr)
+        main_path, draft_path = pair_paths_from_args(args, imports)
         request, avoided = _crash_safe(
             request_from_args(args, main_path, draft_path, method), stage_file
         )
@@ -274,7 +233,9 @@ def _tune(args: argparse.Namespace, stage_file: Path) -> int:
 
     if args.suite:
         raise SettingsError("--tune and --suite are two different runs; choose one")
-    main_path, _no_draft = _model_paths(args, _import_bars(), with_draft=False)
+    main_path, _no_draft = pair_paths_from_args(
+        args, import_progress_bars(sys.stderr), with_draft=False
+    )
     drafts = None if args.draft is None else [args.draft]
     # The main model alone, no calibration: the trials load their drafts and measure.
     request, _avoided = _crash_safe(request_from_args(args, main_path, None, "off"), stage_file)

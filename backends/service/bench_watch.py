@@ -29,7 +29,7 @@ from backends.engines.load_guard import (
     after_load_crash,
     signal_name,
 )
-from backends.engines.rpc import parse_workers, probe_worker
+from backends.engines.worker_probe import parse_workers, probe_worker
 from backends.errors import SettingsError
 
 if TYPE_CHECKING:

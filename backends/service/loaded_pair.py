@@ -27,6 +27,7 @@ a planner learned carries over from answer to answer), answers and comparisons
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,16 +37,17 @@ from typing import TYPE_CHECKING
 from backends.engines.draft_weights import DRAFT_WEIGHT_MODES
 from backends.engines.hardware import available_memory, estimate_pair_memory
 from backends.engines.interface import DEFAULT_CONTEXT_SIZE
+from backends.engines.layer_split import parse_split
 from backends.engines.load_guard import SAFEST, CrashRecords, avoided_crash_note, checkpoint
 from backends.engines.selection import open_engine
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
+from backends.engines.worker_probe import parse_workers
 from backends.errors import SettingsError, SpecDeckError
 from backends.models.catalog import read_catalog_model
 from backends.models.compat import check_compatibility, compatibility_problem
 from backends.service.pair_runs import answer, compare_from_empty
 from backends.service.pair_tuning import recall_tuning, tune, tuning_key
 from backends.service.protocol import ENGINE_KINDS, LoadRequest
-from backends.service.worker_cli import add_worker_options, worker_options
 from backends.speculation.estimates import DRAFT_CALIBRATION_SIZES, BatchCosts, ceiling_line
 from backends.speculation.methods import DEFAULT_METHOD, METHODS, build_decoder
 from backends.speculation.planner import CostCache
@@ -56,11 +58,12 @@ if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator, Sequence
     from types import TracebackType
+    from typing import TextIO
 
     from backends.engines.interface import ChatMessage, ModelEngine
     from backends.engines.selection import EngineKind
     from backends.models.gguf_info import ModelFormat, ModelInfo
-    from backends.models.gguf_to_mlx import ImportProgress
+    from backends.models.gguf_to_mlx import ImportProgress, ImportProgressBar
     from backends.service.pair_runs import Answer, Comparison, RunObserver
     from backends.service.pair_tuning import TuningRun
     from backends.service.tuning import TrialPrompt, TuningProgress
@@ -85,14 +88,16 @@ ImportReport = Callable[[Path, "ImportProgress"], None]  # (the GGUF being impor
 def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags specdeck-bench and specdeck serve share: which pair, how it loads, workers.
 
-    Read back by :func:`request_from_args` (after the front end resolves the default pair).
+    Read back by :func:`pair_paths_from_args` (the model files) and :func:`request_from_args`.
     """
     parser.add_argument(
         "--main",
         type=Path,
         help="main (target) model: a GGUF file, or with --engine mlx also an MLX folder",
     )
-    parser.add_argument("--draft", type=Path, help="draft model (same kind as --main)")
+    parser.add_argument(
+        "--draft", type=Path, help="draft model (same kind as --main; with --main alone: none)"
+    )
     parser.add_argument(
         "--engine",
         choices=ENGINE_KINDS,
@@ -126,6 +131,86 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
         "the draft runs on the CPU; stored = the file as it is; q4_0 = always the copy",
     )
     add_worker_options(parser)
+
+
+def add_worker_options(parser: argparse.ArgumentParser) -> None:
+    """``--rpc`` and ``--split``: the main model on workers (specdeck-bench, specdeck serve)."""
+    parser.add_argument(
+        "--rpc",
+        default="",
+        metavar="HOST:PORT,...",
+        help="llama.cpp RPC workers (specdeck worker) for the main model; the draft stays here",
+    )
+    parser.add_argument(
+        "--split",
+        default="",
+        metavar="SHARES",
+        help="with --rpc: layer shares, one per worker and the last for this computer "
+        "(e.g. 1,1,0); default: by free memory",
+    )
+
+
+def worker_options(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """The workers and layer split ``--rpc``/``--split`` asked for (SettingsError if bad)."""
+    workers = tuple(str(worker) for worker in parse_workers(args.rpc))
+    return workers, parse_split(args.split, len(workers))
+
+
+def pair_paths_from_args(
+    args: argparse.Namespace, imports: ImportReport | None = None, *, with_draft: bool = True
+) -> tuple[Path, Path | None]:
+    """The main and draft model files the flags of :func:`add_load_arguments` name.
+
+    specdeck-bench and specdeck serve both resolve their pair here, alike:
+
+    - neither ``--main`` nor ``--draft``: the default pair, fetched on first use (a progress
+      bar on stderr);
+    - ``--main`` alone: that model without a draft (the lookups and plain decoding). The
+      default draft suits only the default main model: fetched for another, it would cost a
+      download and be refused as incompatible;
+    - ``--draft`` alone: the default main model with that draft;
+    - ``with_draft`` False (``specdeck serve --no-draft``, ``specdeck-bench --tune``): the
+      main model alone, whatever ``--draft`` says.
+
+    With ``--engine mlx`` a GGUF main model, given or the default one, is imported to MLX
+    here (once; later runs reuse the import), reported to ``imports``. A GGUF draft is
+    imported by :func:`open_pair`, when it is compatible.
+    """
+    main: Path | None = args.main
+    draft: Path | None = args.draft if with_draft else None
+    if main is None:
+        from backends.models.provision import (
+            DEFAULT_DRAFT_KEY,
+            DEFAULT_MAIN_KEY,
+            TextProgressBar,
+            ensure_model,
+        )
+
+        progress = TextProgressBar(sys.stderr)
+        try:
+            main = ensure_model(DEFAULT_MAIN_KEY, progress)
+            if with_draft and draft is None:
+                draft = ensure_model(DEFAULT_DRAFT_KEY, progress)
+        finally:
+            progress.finish()
+    if args.engine == "mlx":
+        main = mlx_import(main, imports)
+    return main, draft
+
+
+def import_progress_bars(stream: TextIO) -> ImportReport:
+    """A progress bar on ``stream`` for each GGUF file imported to MLX."""
+    bars: dict[Path, ImportProgressBar] = {}
+
+    def show(path: Path, event: ImportProgress) -> None:
+        bar = bars.get(path)
+        if bar is None:
+            from backends.models.gguf_to_mlx import ImportProgressBar
+
+            bar = bars[path] = ImportProgressBar(stream, path.stem)
+        bar(event)
+
+    return show
 
 
 def request_from_args(

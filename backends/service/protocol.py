@@ -15,10 +15,11 @@ from typing import Any, Literal
 
 from backends.engines.draft_weights import DraftWeights, check_draft_weights
 from backends.engines.interface import DEFAULT_CONTEXT_SIZE, ChatMessage
+from backends.engines.layer_split import parse_split
 from backends.engines.load_guard import RiskySettings
-from backends.engines.rpc import parse_split, parse_workers
 from backends.engines.selection import ENGINE_KINDS, EngineKind
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES, WeightRepacking
+from backends.engines.worker_probe import parse_workers
 from backends.errors import SettingsError
 from backends.speculation.methods import DEFAULT_METHOD, SpeculationMethod, parse_method
 from backends.speculation.sampling import SamplingSettings

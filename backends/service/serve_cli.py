@@ -36,15 +36,15 @@ from backends.service.loaded_pair import (
     add_load_arguments,
     check_files,
     crash_safe_request,
+    import_progress_bars,
     open_pair,
+    pair_paths_from_args,
     request_from_args,
 )
 from backends.speculation.methods import parse_method
 from backends.speculation.types import DEFAULT_MAX_TOKENS
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from backends.service.api.jobs import ApiJob
     from backends.service.generation_options import GenerationOptions
     from backends.speculation.types import SpeculationStats
@@ -93,24 +93,6 @@ def generation_defaults(args: argparse.Namespace) -> GenerationOptions:
     defaults = generation_options_from_args(args)
     generation_settings(defaults)  # an impossible flag is said before the port opens
     return defaults
-
-
-def _model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
-    """The pair to serve: as given, else the default pair (fetched on first use)."""
-    draft = None if args.no_draft else args.draft
-    if args.main is not None:
-        return args.main, draft
-    from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, ensure_model
-    from backends.service.models_cli import TextProgressBar
-
-    progress = TextProgressBar(sys.stderr)
-    try:
-        main = ensure_model(DEFAULT_MAIN_KEY, progress)
-        if draft is None and not args.no_draft:
-            draft = ensure_model(DEFAULT_DRAFT_KEY, progress)
-    finally:
-        progress.finish()
-    return main, draft
 
 
 def _report(job: ApiJob, stats: SpeculationStats) -> None:
@@ -190,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             api_key=args.api_key,
             cors_origins=tuple(args.cors_origin),
         )
-        main_path, draft_path = _model_paths(args)
+        imports = import_progress_bars(sys.stderr)
+        main_path, draft_path = pair_paths_from_args(args, imports, with_draft=not args.no_draft)
         request = request_from_args(args, main_path, draft_path, method)
         # Missing, corrupt or mismatched files, and a load that crashed even with the
         # safest settings: said before the port opens.
@@ -203,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {avoided_crash}", file=sys.stderr, flush=True)
 
     def load() -> tuple[LoadedPair, ServedModel, ServedModel | None]:
-        pair = open_pair(request)
+        pair = open_pair(request, import_progress=imports)
         main_model = ServedModel.of(request.main_path, pair.main.name)
         draft_model = (
             ServedModel.of(request.draft_path, pair.draft.name)

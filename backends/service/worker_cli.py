@@ -19,12 +19,10 @@ import socket
 import sys
 
 from backends.engines.hardware import physical_cores
-from backends.engines.rpc import (
+from backends.engines.worker_probe import (
     DEFAULT_WORKER_HOST,
     DEFAULT_WORKER_PORT,
     OPEN_NETWORK_WARNING,
-    parse_split,
-    parse_workers,
 )
 from backends.errors import SpecDeckError
 
@@ -62,29 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
         "else the CPU)",
     )
     return parser
-
-
-def add_worker_options(parser: argparse.ArgumentParser) -> None:
-    """``--rpc`` and ``--split``: the main model on workers (specdeck-bench, specdeck serve)."""
-    parser.add_argument(
-        "--rpc",
-        default="",
-        metavar="HOST:PORT,...",
-        help="llama.cpp RPC workers (specdeck worker) for the main model; the draft stays here",
-    )
-    parser.add_argument(
-        "--split",
-        default="",
-        metavar="SHARES",
-        help="with --rpc: layer shares, one per worker and the last for this computer "
-        "(e.g. 1,1,0); default: by free memory",
-    )
-
-
-def worker_options(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[float, ...]]:
-    """The workers and layer split ``--rpc``/``--split`` asked for (SettingsError if bad)."""
-    workers = tuple(str(worker) for worker in parse_workers(args.rpc))
-    return workers, parse_split(args.split, len(workers))
 
 
 def check_listen_address(host: str, port: int) -> str | None:

@@ -17,15 +17,8 @@ from backends.speculation.types import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_P_MIN,
 )
-from gui.settings import (
-    SETTINGS,
-    SETTINGS_VERSION,
-    SPECS_BY_KEY,
-    AppSettings,
-    extra_model_folders,
-    generation_settings,
-    load_request_for,
-)
+from gui.settings import SETTINGS, SETTINGS_VERSION, SPECS_BY_KEY, AppSettings
+from gui.settings_to_backends import extra_model_folders, generation_settings, load_request_for
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -133,7 +126,7 @@ def test_an_unwritable_file_is_a_settings_error(tmp_path: Path) -> None:
     settings = AppSettings(blocker / "settings.json")
     with pytest.raises(SettingsError, match="cannot save settings"):
         settings.set("top_k", 40)
-    assert settings.get_int("top_k") == 40  # kept for this session
+    assert settings.get_int("top_k") == 40  # kept in memory, though not saved
 
 
 @pytest.mark.parametrize(
