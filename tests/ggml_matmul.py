@@ -10,12 +10,16 @@ go in llama.cpp's CPU_REPACK buffer, as llama.cpp puts them at load) and ``activ
 (float32, one row per batch row). ``OUTPUTS`` gets, per case, ``NAME.batch.N`` (the product
 with activation rows 0..N-1 as one batch, N = 1..all) and ``NAME.alone`` (each activation
 row as a batch of its own), and ``features``: the CPU backend's feature list.
+
+``benchmarks/row_costs.py`` times the model's matmuls with the same backend
+(:class:`WeightCopies`, :class:`ProductGraph`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +59,9 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
         "ggml_new_tensor_2d": (p, [p, ctypes.c_int, i64, i64]),
         "ggml_mul_mat": (p, [p, p, p]),
         "ggml_new_graph": (p, [p]),
+        "ggml_new_graph_custom": (p, [p, size, ctypes.c_bool]),
+        "ggml_graph_overhead_custom": (size, [size, ctypes.c_bool]),
+        "ggml_backend_dev_supports_op": (ctypes.c_bool, [p, p]),
         "ggml_build_forward_expand": (None, [p, p]),
         "ggml_row_size": (size, [ctypes.c_int, i64]),
         "ggml_backend_dev_by_type": (p, [ctypes.c_int]),
@@ -80,7 +87,7 @@ def _typed(lib: ctypes.CDLL) -> ctypes.CDLL:
 class CpuBackend:
     """llama.cpp's CPU backend, its plain buffer type and its CPU_REPACK one."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int = _THREADS) -> None:
         load_ggml_backends()
         lib = ggml_device_library()
         if lib is None:
@@ -90,7 +97,7 @@ class CpuBackend:
         registry = self.lib.ggml_backend_dev_backend_reg(self.device)
         self.backend = self.lib.ggml_backend_dev_init(self.device, None)
         set_threads = self._function(registry, b"ggml_backend_set_n_threads", None, ctypes.c_int)
-        set_threads(self.backend, _THREADS)
+        set_threads(self.backend, threads)
         self.plain = self.lib.ggml_backend_dev_buffer_type(self.device)
         self.repack = self._repack_buffer_type(registry)
         get_features = self._function(
@@ -125,45 +132,126 @@ class CpuBackend:
             index += 1
         return None
 
+    def repacks(self, kind: int, n_out: int, n_in: int) -> bool:
+        """Whether llama.cpp puts such weights in CPU_REPACK for a matmul (its own check)."""
+        if self.repack is None:
+            return False
+        with WeightCopies(self, None, kind, n_out, n_in, True, 1) as weights:
+            lib = self.lib
+            size = lib.ggml_tensor_overhead() * 2 + lib.ggml_graph_overhead()
+            context = lib.ggml_init(_InitParams(size, None, True))
+            try:
+                x = lib.ggml_new_tensor_2d(context, _GGML_TYPE_F32, n_in, 1)
+                product = lib.ggml_mul_mat(context, weights.tensors[0], x)
+                return bool(lib.ggml_backend_dev_supports_op(self.device, product))
+            finally:
+                lib.ggml_free(context)
+
     def matmul(self, weights: np.ndarray, kind: int, repack: bool, rows: np.ndarray) -> np.ndarray:
         """``rows @ W.T`` as llama.cpp computes it: W of ``kind`` (raw blocks, a row a line)."""
-        lib = self.lib
         n_out, n_in = weights.shape[0], rows.shape[1]
-        buffer_type = self.repack if repack else self.plain
+        with (
+            WeightCopies(self, weights, kind, n_out, n_in, repack, 1) as copies,
+            ProductGraph(self, copies, rows.shape[0]) as graph,
+        ):
+            graph.set_rows(rows)
+            graph.compute()
+            return graph.output(0)
+
+
+class WeightCopies:
+    """``copies`` tensors holding one weight matrix, in the plain or the CPU_REPACK buffer.
+
+    Copies let a timing read its weights from memory, not from a cache, as a forward pass
+    through a whole model does. ``weights`` None leaves the tensors unset.
+    """
+
+    def __init__(
+        self,
+        cpu: CpuBackend,
+        weights: np.ndarray | None,
+        kind: int,
+        n_out: int,
+        n_in: int,
+        repack: bool,
+        copies: int,
+    ) -> None:
+        self.cpu, self.n_out, self.n_in = cpu, n_out, n_in
+        lib = cpu.lib
+        buffer_type = cpu.repack if repack else cpu.plain
         if buffer_type is None:
             raise RuntimeError("this CPU backend has no CPU_REPACK buffer type")
-        overhead = lib.ggml_tensor_overhead() * 4 + lib.ggml_graph_overhead()
-        weight_context = lib.ggml_init(_InitParams(overhead, None, True))
-        context = lib.ggml_init(_InitParams(overhead, None, True))
-        buffers = []
-        try:
-            w = lib.ggml_new_tensor_2d(weight_context, kind, n_in, n_out)
+        self.context = lib.ggml_init(_InitParams(lib.ggml_tensor_overhead() * copies, None, True))
+        self.tensors = [
+            lib.ggml_new_tensor_2d(self.context, kind, n_in, n_out) for _ in range(copies)
+        ]
+        self.buffer = lib.ggml_backend_alloc_ctx_tensors_from_buft(self.context, buffer_type)
+        if not self.buffer:
+            lib.ggml_free(self.context)
+            raise RuntimeError("cannot allocate the weight tensors")
+        if weights is not None:
             assert lib.ggml_row_size(kind, n_in) == weights.shape[1], "a weight row's size"
-            x = lib.ggml_new_tensor_2d(context, _GGML_TYPE_F32, n_in, rows.shape[0])
-            product = lib.ggml_mul_mat(context, w, x)
-            graph = lib.ggml_new_graph(context)
-            lib.ggml_build_forward_expand(graph, product)
-            buffers.append(
-                lib.ggml_backend_alloc_ctx_tensors_from_buft(weight_context, buffer_type)
-            )
-            buffers.append(lib.ggml_backend_alloc_ctx_tensors_from_buft(context, self.plain))
-            if not all(buffers):
-                raise RuntimeError("cannot allocate the tensors")
-            w_data = np.ascontiguousarray(weights)
-            x_data = np.ascontiguousarray(rows, dtype=np.float32)
-            lib.ggml_backend_tensor_set(w, w_data.ctypes.data, 0, w_data.nbytes)
-            lib.ggml_backend_tensor_set(x, x_data.ctypes.data, 0, x_data.nbytes)
-            if lib.ggml_backend_graph_compute(self.backend, graph) != _GGML_STATUS_SUCCESS:
-                raise RuntimeError("the CPU backend failed the product")
-            out = np.empty((rows.shape[0], n_out), dtype=np.float32)
-            lib.ggml_backend_tensor_get(product, out.ctypes.data, 0, out.nbytes)
-            return out
-        finally:
-            for buffer in buffers:
-                if buffer:
-                    lib.ggml_backend_buffer_free(buffer)
-            lib.ggml_free(context)
-            lib.ggml_free(weight_context)
+            data = np.ascontiguousarray(weights)
+            for tensor in self.tensors:
+                lib.ggml_backend_tensor_set(tensor, data.ctypes.data, 0, data.nbytes)
+
+    def __enter__(self) -> WeightCopies:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.cpu.lib.ggml_backend_buffer_free(self.buffer)
+        self.cpu.lib.ggml_free(self.context)
+
+
+class ProductGraph:
+    """One graph: every copy of some weights times the same batch of ``n_rows`` rows."""
+
+    def __init__(self, cpu: CpuBackend, weights: WeightCopies, n_rows: int) -> None:
+        self.cpu, self.n_rows, self.n_out = cpu, n_rows, weights.n_out
+        lib = cpu.lib
+        copies = len(weights.tensors)
+        nodes = max(16, 2 * copies + 2)
+        size = lib.ggml_tensor_overhead() * (copies + 1) + lib.ggml_graph_overhead_custom(
+            nodes, False
+        )
+        self.context = lib.ggml_init(_InitParams(size, None, True))
+        self.rows = lib.ggml_new_tensor_2d(self.context, _GGML_TYPE_F32, weights.n_in, n_rows)
+        self.products = [lib.ggml_mul_mat(self.context, w, self.rows) for w in weights.tensors]
+        self.graph = lib.ggml_new_graph_custom(self.context, nodes, False)
+        for product in self.products:
+            lib.ggml_build_forward_expand(self.graph, product)
+        self.buffer = lib.ggml_backend_alloc_ctx_tensors_from_buft(self.context, cpu.plain)
+        if not self.buffer:
+            lib.ggml_free(self.context)
+            raise RuntimeError("cannot allocate the products")
+
+    def set_rows(self, rows: np.ndarray) -> None:
+        """The batch's activations, one row per batch row."""
+        data = np.ascontiguousarray(rows, dtype=np.float32)
+        assert data.shape[0] == self.n_rows, "the batch's row count"
+        self.cpu.lib.ggml_backend_tensor_set(self.rows, data.ctypes.data, 0, data.nbytes)
+
+    def compute(self) -> float:
+        """Compute every product once; the seconds it took."""
+        began = time.perf_counter()
+        status = self.cpu.lib.ggml_backend_graph_compute(self.cpu.backend, self.graph)
+        seconds = time.perf_counter() - began
+        if status != _GGML_STATUS_SUCCESS:
+            raise RuntimeError("the CPU backend failed the product")
+        return seconds
+
+    def output(self, index: int) -> np.ndarray:
+        """The product with copy ``index`` of the weights (batch rows × output values)."""
+        out = np.empty((self.n_rows, self.n_out), dtype=np.float32)
+        self.cpu.lib.ggml_backend_tensor_get(self.products[index], out.ctypes.data, 0, out.nbytes)
+        return out
+
+    def __enter__(self) -> ProductGraph:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.cpu.lib.ggml_backend_buffer_free(self.buffer)
+        self.cpu.lib.ggml_free(self.context)
 
 
 def main(inputs_path: Path, outputs_path: Path) -> None:

@@ -232,6 +232,14 @@ def read_model_info(path: str | Path) -> ModelInfo:
     return _cache.put(cache_key, info)
 
 
+def read_tensors(path: str | Path) -> tuple[TensorInfo, ...]:
+    """The tensors of a GGUF file (one file: a split model's shards are read one by one).
+
+    Raises ModelFileError (one line) as :func:`read_model_info` does.
+    """
+    return _read_checked_header(Path(path), decode_tokens=False).tensors
+
+
 def clear_model_info_cache() -> None:
     """Forget every cached ModelInfo (tests; or after files were rewritten in place)."""
     _cache.clear()
@@ -249,17 +257,26 @@ class _TruncatedHeader(_CorruptFile):
 
 
 @dataclass(frozen=True)
-class _TensorInfo:
+class TensorInfo:
+    """One tensor of a GGUF file: its name, shape, type and where its data lies."""
+
     name: str
     element_count: int
     quant_type: GGMLQuantizationType
     end_offset: int  # absolute file offset one past the tensor's last byte
+    shape: tuple[int, ...] = ()  # ggml's order: values per row first (ne0, ne1, ...)
+    offset: int = 0  # absolute file offset of the tensor's first byte
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its data in the file."""
+        return self.end_offset - self.offset
 
 
 @dataclass(frozen=True)
 class _Header:
     metadata: dict[str, Any]
-    tensors: tuple[_TensorInfo, ...]
+    tensors: tuple[TensorInfo, ...]
     token_list_fingerprint: str | None
 
 
@@ -433,21 +450,20 @@ def _parse_header(buffer: mmap.mmap, decode_tokens: bool) -> _Header:
         else:
             _skip_array(cursor, element_type, count, key)
 
-    tensors: list[tuple[str, int, GGMLQuantizationType, int, int]] = []
+    tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType, int, int]] = []
     for _ in range(tensor_count):
         name = cursor.string()
         n_dims = cursor.u32()
         if n_dims > GGML_MAX_DIMS:
             raise _CorruptFile(f"tensor '{name}' has {n_dims} dimensions (at most 4 are allowed)")
-        element_count = math.prod(cursor.u64() for _ in range(n_dims))
+        shape = tuple(cursor.u64() for _ in range(n_dims))
+        element_count = math.prod(shape)
         quant_type = _quant_type(cursor.u32(), name)
         offset = cursor.u64()
         block_size, type_size = GGML_QUANT_SIZES[quant_type]
         if element_count % block_size:
             raise _CorruptFile(f"tensor '{name}' does not fill whole {quant_type.name} blocks")
-        tensors.append(
-            (name, element_count, quant_type, offset, element_count // block_size * type_size)
-        )
+        tensors.append((name, shape, quant_type, offset, element_count // block_size * type_size))
 
     alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
     if _int_or_none(alignment) is None or alignment <= 0 or alignment & (alignment - 1):
@@ -456,8 +472,15 @@ def _parse_header(buffer: mmap.mmap, decode_tokens: bool) -> _Header:
     return _Header(
         metadata=metadata,
         tensors=tuple(
-            _TensorInfo(name, count, quant_type, data_offset + offset + nbytes)
-            for name, count, quant_type, offset, nbytes in tensors
+            TensorInfo(
+                name,
+                math.prod(shape),
+                quant_type,
+                data_offset + offset + nbytes,
+                shape,
+                data_offset + offset,
+            )
+            for name, shape, quant_type, offset, nbytes in tensors
         ),
         token_list_fingerprint=token_list_fingerprint,
     )
@@ -625,7 +648,7 @@ def _special_token_id(stored: Any, default: int | None, vocab_size: int) -> int 
     return stored_id
 
 
-def _quantization_label(metadata: dict[str, Any], tensors: list[_TensorInfo]) -> str:
+def _quantization_label(metadata: dict[str, Any], tensors: list[TensorInfo]) -> str:
     file_type = _int_or_none(metadata.get("general.file_type"))
     if file_type is not None:
         try:
