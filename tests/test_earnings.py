@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from backends.speculation.earnings import (
+    ALLOWANCE_LOOKAHEAD,
     COPY_EVIDENCE,
     FIRST_BACKOFF,
     JUDGED_ROUNDS,
+    LOSS_ALLOWANCE,
     MAX_BACKOFF,
     PLAIN_PROBE_EVERY,
     TRIAL_HORIZON,
@@ -207,3 +209,82 @@ def test_until_a_draft_model_pays_in_an_answer_its_reading_must_pay_within_its_t
     planner.start_answer()
     assert not watch.proven(model)  # each answer proves it afresh
     assert TRIAL_HORIZON < CATCH_UP_HORIZON
+
+
+# -- the loss bound ------------------------------------------------------------------------
+
+# The AVX2 EPYC's measured costs (docs/benchmarks.md, "Never slower"): a batch of 2 is 1.56
+# steps, one of 16 about 10.7.
+AVX2_TARGET = {1: 0.144, 2: 0.225, 4: 0.392, 8: 0.769, 16: 1.543}
+
+
+def test_the_balance_is_what_speculative_rounds_won_or_lost_against_plains_pace() -> None:
+    watch, lookup = EarningsWatch(), FixedLookup([1])
+    assert watch.headroom(128, PLAIN) is None  # no answer: planned on its own, no bound
+    watch.start_answer()
+    assert watch.headroom(128, PLAIN) == pytest.approx(LOSS_ALLOWANCE * PLAIN * 128)
+    plain_rounds(watch, 4)
+    assert watch.balance == 0.0  # plain rounds neither win nor lose
+    watch.observe(lookup, 3, 2 * PLAIN)  # 3 tokens in 2 steps' time: one step won
+    assert watch.balance == pytest.approx(PLAIN)
+    watch.observe(lookup, 1, 4 * PLAIN)  # 1 token in 4 steps' time: three lost
+    assert watch.balance == pytest.approx(-2 * PLAIN)
+    # The allowance grows with the answer's tokens (8 so far), up to the lookahead's end.
+    assert watch.headroom(10, PLAIN) == pytest.approx(-2 * PLAIN + LOSS_ALLOWANCE * PLAIN * 18)
+    assert watch.headroom(10_000, PLAIN) == pytest.approx(
+        -2 * PLAIN + LOSS_ALLOWANCE * PLAIN * (8 + ALLOWANCE_LOOKAHEAD)
+    )
+    watch.start_answer()  # each answer keeps its own account
+    assert (watch.balance, watch.answer_tokens) == (0.0, 0)
+
+
+def test_a_round_is_planned_only_if_its_worst_loss_fits_shorter_drafts_first() -> None:
+    """Where nothing was won yet, a long draft is cut to what the answer may lose."""
+    lookup = FixedLookup(list(range(16)), evidence=16)  # a long match: sure of its tokens
+    # Rows a third of a step up to 4, then cheaper: one batch of all 17 rows costs 4.25
+    # steps, and with a lookup that copies right every time it is the best plan.
+    steps = {1: 1.0, 2: 1.3, 4: 1.9, 8: 3.0, 16: 4.0}
+    costs = BatchCosts({size: cost * PLAIN for size, cost in steps.items()})
+    planner = DraftPlanner(costs, [lookup])
+    for _ in range(30):
+        planner.acceptance(lookup, 16).observe(16, 16)
+    unbounded = plan(planner, [1, 2, 3], {lookup: 16})
+    planner.start_answer()
+    plain_rounds(planner.watch, 4)
+    bounded = plan(planner, [1, 2, 3], {lookup: 16}, horizon=128)
+    headroom = planner.watch.headroom(128, PLAIN)
+    assert headroom is not None
+    assert headroom == pytest.approx(LOSS_ALLOWANCE * PLAIN * (4 + 128))  # about 2 steps
+    assert unbounded.draft_tokens >= 15
+    assert unbounded.verify_chunk is None
+    # The costs alone risk 3 steps or more: 16 rows for one token.
+    assert planner.worst_loss(0.0, unbounded.draft_tokens, None) > headroom
+    assert bounded.drafter is lookup
+    assert planner.worst_loss(0.0, bounded.draft_tokens, bounded.verify_chunk) <= headroom
+    assert (bounded.draft_tokens, bounded.verify_chunk) != (unbounded.draft_tokens, None)
+    # Once speculation has won enough, the whole proposal is checked in one batch again.
+    for _ in range(4):
+        planner.watch.observe(lookup, 17, costs.cost(17))
+    assert planner.watch.balance > 0.6 * PLAIN
+    again = plan(planner, [1, 2, 3], {lookup: 16})
+    assert (again.draft_tokens, again.verify_chunk) == (unbounded.draft_tokens, None)
+
+
+def test_after_a_loss_beyond_the_allowance_nothing_is_planned_until_it_grows_back() -> None:
+    lookup = FixedLookup([7, 8], evidence=16)
+    planner = DraftPlanner(BatchCosts(dict(AVX2_TARGET)), [lookup])
+    planner.start_answer()
+    watch = planner.watch
+    plain_rounds(watch, 4, seconds=AVX2_TARGET[1])
+    assert plan(planner, [1], {lookup: 2}, horizon=64).drafter is lookup
+    watch.observe(lookup, 1, 6 * AVX2_TARGET[1])  # a round that lost 5 steps
+    assert plan(planner, [1], {lookup: 2}, horizon=64).drafter is None
+    # Plain rounds win nothing back, but the answer grows and with it the allowance: a
+    # one-token draft (at worst 0.56 steps lost) fits again once 5.56 steps are allowed.
+    rounds = 0
+    while plan(planner, [1], {lookup: 2}, horizon=64).drafter is None:
+        watch.observe(None, 1, AVX2_TARGET[1])
+        rounds += 1
+        assert rounds < 400
+    needed = (5 + 0.5625) / LOSS_ALLOWANCE - (5 + 64)  # tokens of answer the allowance needs
+    assert rounds == pytest.approx(needed, abs=2)

@@ -208,10 +208,13 @@ class FixedCosts(BatchCosts):
 
 
 class NeverJudging(EarningsWatch):
-    """An earnings watch that lets every drafter draft: no plain rounds, no time outs."""
+    """An earnings watch that lets every drafter draft: no plain rounds, no time outs, no bound."""
 
     def wants_plain_round(self) -> bool:
         return False
+
+    def headroom(self, horizon: int, plain_seconds: float) -> float | None:
+        return None
 
     def benched(self, drafter: Drafter, evidence: int = 0) -> bool:
         return False

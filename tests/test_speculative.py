@@ -13,6 +13,7 @@ from backends.engines.llama import LlamaEngine, LlamaLoadSettings
 from backends.errors import ContextOverflowError, SettingsError
 from backends.speculation.drafters import (
     DRAFT_READ_HEAD,
+    DRAFT_READ_SHORT_WINDOW,
     DRAFT_READ_WINDOW,
     DraftModelDrafter,
 )
@@ -33,6 +34,7 @@ from backends.speculation.types import (
     TokenOrigin,
 )
 from tests.conftest import user
+from tests.test_siblings import NeverJudging
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -399,6 +401,11 @@ def test_planner_learns_its_stop_rule_from_the_answer(
         adaptive=True,
         cost_cache=FavourableCosts(),
     )
+    decoder.prepare()
+    assert decoder.planner is not None
+    # On these costs the draft is chosen wherever it is expected to be kept; this machine's
+    # own pace is not to judge it (that is tests/test_earnings.py's).
+    decoder.planner.watch = NeverJudging()
     prompt = decoder.prompt_tokens(user(CODE_PROMPTS[1]))
     settings = GenerationSettings(max_tokens=SMOLLM_TOKENS, draft_max=6)
     plain = SpeculativeDecoder(smollm_target).run(prompt, settings)
@@ -476,6 +483,23 @@ def test_draft_model_reads_the_head_and_tail_of_a_long_context_once(
     other = decoder.prompt_tokens(user(question))
     assert drafter.reading(other) == [*other[:DRAFT_READ_HEAD], *other[-DRAFT_READ_WINDOW:]]
     assert drafter.unread(other) <= window
+
+
+def test_where_reading_is_dear_the_draft_reads_less(smollm_draft: LlamaEngine) -> None:
+    """The head and window where they fit in the budget, the window alone, the short one."""
+    step = 0.030
+    for per_token, read in ((0.001, (24, 32)), (0.0015, (0, 32)), (0.0036, (0, 16))):
+        drafter = DraftModelDrafter(smollm_draft)
+
+        def linear_reading(tokens: int, cost: float = per_token) -> float:
+            return tokens * cost
+
+        drafter.fit_reading(linear_reading, step)
+        assert (drafter.head, drafter.window) == read
+    long_context = list(range(1000))
+    assert drafter.reading(long_context) == long_context[-DRAFT_READ_SHORT_WINDOW:]
+    drafter.fit_reading(lambda tokens: 0.0, step)  # reading started: it stays as it was
+    assert drafter.reading(long_context) == long_context[-DRAFT_READ_SHORT_WINDOW:]
 
 
 def test_draft_model_without_a_window_reads_everything(

@@ -33,10 +33,21 @@ from backends.speculation.types import (
 # docs/benchmarks.md, "Where the draft stops, and what it reads").
 DRAFT_READ_HEAD = 24
 DRAFT_READ_WINDOW = 32
+# Where a draft model's batches are dear, its first read decides whether it is tried at all
+# (what it may lose must fit in an answer's allowance, backends/speculation/earnings.py), so
+# it reads less: the longest of the head and the window, the window alone, and the short
+# window, whose cost is within DRAFT_READ_BUDGET_STEPS steps of the main model
+# (DraftModelDrafter.fit_reading). On the Haswell library (2026-12-05, EPYC Zen 4, 2 cores)
+# a read of 24 + 32 tokens cost 6 main-model steps and one of 16, 1.7; with 16 the draft was
+# tried and paid on new code, 1.17x of plain against 1.01x where it never fitted, median of
+# 4 runs of `python -m benchmarks.never_slower --prompts new-function,prose`
+# (docs/benchmarks.md, "Never slower").
+DRAFT_READ_SHORT_WINDOW = 16
+DRAFT_READ_BUDGET_STEPS = 2.0
 
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from backends.engines.interface import LogitRows, ModelEngine
     from backends.speculation.sampling import ProbArray, SamplingSettings
@@ -94,7 +105,8 @@ class DraftModelDrafter:
     rejection sampler. Drafting stops early where the draft is unsure: below ``p_min`` (its
     top probability), or where the planner's :class:`DraftStopRule` says the next token is
     unlikely to be kept; and after an end-of-generation token. Of a long context it reads
-    the opening and the last ``window`` tokens (:meth:`reading`), then every later token.
+    the opening ``head`` and the last ``window`` tokens (:meth:`reading`), then every later
+    token.
     """
 
     lookup = False
@@ -106,14 +118,17 @@ class DraftModelDrafter:
         p_min: float = DEFAULT_P_MIN,
         sampling: SamplingSettings | None = None,
         window: int | None = DRAFT_READ_WINDOW,
+        head: int = DRAFT_READ_HEAD,
     ) -> None:
         if window is not None and window < 1:
             raise SettingsError(f"the draft's reading window must be 1 token or more, not {window}")
         self.engine = engine
-        # What the draft model reads of a long context (None: all of it), and where in the
-        # context its reading resumes after the head; see :meth:`reading`.
+        # What the draft model reads of a long context (window None: all of it), and where
+        # in the context its reading resumes after the head (None: not reading yet); see
+        # :meth:`reading`.
         self.window = window
-        self._resume_at = 0  # 0: not reading yet
+        self.head = head
+        self._resume_at: int | None = None
         self.p_min = p_min
         # The draft may sample with its own settings (q is recorded either way, so the
         # output still follows the target); None uses the target's settings.
@@ -129,9 +144,9 @@ class DraftModelDrafter:
     def reading(self, context: Sequence[int]) -> Sequence[int]:
         """What the draft model reads of ``context``: all of it, or its head and its tail.
 
-        With a ``window``, a context longer than :data:`DRAFT_READ_HEAD` + ``window`` tokens
-        is read as its first :data:`DRAFT_READ_HEAD` tokens (the chat template's opening)
-        and everything from ``window`` tokens before its end on. Where reading resumes is
+        With a ``window``, a context longer than ``head`` + ``window`` tokens is read as
+        its first ``head`` tokens (the chat template's opening) and everything from
+        ``window`` tokens before its end on. Where reading resumes is
         set when the draft is first asked (by the planner or to draft) and kept while the
         draft's cache holds the head and the window it read there (the rounds of an answer,
         the next turns of a chat, a new answer to the same question), so that every later
@@ -139,13 +154,31 @@ class DraftModelDrafter:
         """
         if self.window is None:
             return context
-        if 0 < self._resume_at < len(context):
-            reading = _head_and_tail(context, self._resume_at)
-            window = min(len(reading), DRAFT_READ_HEAD + self.window)
+        if self._resume_at is not None and self._resume_at < len(context):
+            reading = _head_and_tail(context, self.head, self._resume_at)
+            window = min(len(reading), self.head + self.window)
             if common_prefix_length(self.engine.cached_tokens, reading) >= window:
                 return reading  # what it read from there is still what the context holds
-        self._resume_at = max(DRAFT_READ_HEAD, len(context) - self.window)
-        return _head_and_tail(context, self._resume_at)
+        self._resume_at = max(self.head, len(context) - self.window)
+        return _head_and_tail(context, self.head, self._resume_at)
+
+    def fit_reading(self, draft_seconds: Callable[[int], float], step_seconds: float) -> None:
+        """Read less of a long context where reading is dear (before the first read).
+
+        Of the head and the window, the window alone and :data:`DRAFT_READ_SHORT_WINDOW`,
+        the first whose read (``draft_seconds(tokens)``) costs at most
+        :data:`DRAFT_READ_BUDGET_STEPS` main-model steps (``step_seconds``); the short
+        window where none does.
+        """
+        if self.window is None or self._resume_at is not None:
+            return
+        budget = DRAFT_READ_BUDGET_STEPS * step_seconds
+        choices = [(self.head, self.window), (0, self.window)]
+        choices.append((0, min(self.window, DRAFT_READ_SHORT_WINDOW)))
+        for head, window in choices:
+            if draft_seconds(head + window) <= budget:
+                break
+        self.head, self.window = head, window
 
     def unread(self, context: Sequence[int]) -> int:
         """Tokens the draft model must read before its first token after ``context``."""
@@ -256,8 +289,8 @@ def _choose_sibling(
     return best
 
 
-def _head_and_tail(context: Sequence[int], resume_at: int) -> Sequence[int]:
-    """The context's first :data:`DRAFT_READ_HEAD` tokens and those from ``resume_at`` on."""
-    if resume_at <= DRAFT_READ_HEAD:
+def _head_and_tail(context: Sequence[int], head: int, resume_at: int) -> Sequence[int]:
+    """The context's first ``head`` tokens and those from ``resume_at`` on."""
+    if resume_at <= head:
         return context
-    return [*context[:DRAFT_READ_HEAD], *context[resume_at:]]
+    return [*context[:head], *context[resume_at:]]

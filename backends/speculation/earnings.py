@@ -26,6 +26,16 @@ generation runs anyway:
   the main model (a 56-token read about 7 on a 2-core AVX2 EPYC), and a trial that could
   not earn it back is not made. Where reading is cheap, or speculation gains much (a GPU,
   an AVX-512 CPU), the trial is made as before; lookups read nothing.
+- **the loss bound**: what speculation won or lost in this answer against plain's pace is
+  kept as a balance (:attr:`EarningsWatch.balance`). A round may be planned only if what
+  it would lose at worst (every drafted token refused: its drafting, its first
+  verification batch and its reading, less the one token it still gives) fits in that
+  balance plus an allowance of :data:`LOSS_ALLOWANCE` of the answer's time at plain's
+  pace (:meth:`EarningsWatch.headroom`). So an answer is never more than that share
+  slower than plain decoding, whatever the estimates said, as long as plain's pace and
+  the batch costs are measured right: where little was won, only short drafts (or drafts
+  checked in small chunks) fit, and after a loss none until the allowance has grown back
+  with the tokens written since; what speculation wins widens the room for longer ones.
 
 Engine-neutral and pure Python: the planner owns one and feeds it in ``observe``.
 """
@@ -57,6 +67,13 @@ COPY_EVIDENCE = 8  # a lookup proposal on a match this long is tried even while 
 # about 7 main steps and the best the draft allows is 1.15x (docs/benchmarks.md, "Never
 # slower"); with 12 tokens (two a judged round) the AVX-512 trial was refused too.
 TRIAL_HORIZON = 32
+# The share of an answer's time at plain decoding's pace that speculation may lose at worst
+# (issue 33: auto at least 0.97x plain in every run; the rest of the margin is measurement
+# noise and the loop's own time). The answer's length it is a share of: the tokens written
+# so far and those still allowed, at most ALLOWANCE_LOOKAHEAD of them (an answer that ends
+# at its end-of-generation token sooner has spent less of it).
+LOSS_ALLOWANCE = 0.015
+ALLOWANCE_LOOKAHEAD = 128
 
 
 @dataclass
@@ -78,6 +95,11 @@ class EarningsWatch:
         self._plain: deque[float] = deque(maxlen=PLAIN_MEMORY)
         self._since_plain = 0
         self._drafters: dict[Drafter, _DrafterEarnings] = {}
+        # The loss bound, per answer (start_answer): seconds won (+) or lost (-) by the
+        # speculative rounds against plain's pace, and the tokens the answer's rounds gave.
+        self.balance = 0.0
+        self.answer_tokens = 0
+        self._in_answer = False  # an answer started: the planner runs in a loop
 
     # -- what the planner asks -------------------------------------------------------------
 
@@ -116,16 +138,40 @@ class EarningsWatch:
         seconds = sum(spent for _, spent in record.rounds)
         return tokens * plain / seconds if seconds > 0 else None
 
+    def headroom(self, horizon: int, plain_seconds: float) -> float | None:
+        """Seconds the next round may lose at worst (None: no bound, not in an answer).
+
+        The balance so far plus :data:`LOSS_ALLOWANCE` of the answer's time at plain's pace
+        (``plain_seconds`` a token), the answer being the tokens written so far and
+        ``horizon`` more at most (up to :data:`ALLOWANCE_LOOKAHEAD`).
+        """
+        if not self._in_answer:
+            return None
+        length = self.answer_tokens + max(0, min(horizon, ALLOWANCE_LOOKAHEAD))
+        return self.balance + LOSS_ALLOWANCE * plain_seconds * length
+
     # -- what the planner tells it ---------------------------------------------------------
 
-    def observe(self, drafter: Drafter | None, tokens: int, seconds: float) -> None:
+    def observe(
+        self,
+        drafter: Drafter | None,
+        tokens: int,
+        seconds: float,
+        plain_estimate: float | None = None,
+    ) -> None:
         """One decode round: who drafted (None: plain), the tokens it gave, its wall time.
 
-        A round without a time (or without tokens) is not counted.
+        ``plain_estimate``: plain's seconds a token as the costs say, for the balance of a
+        round before plain's pace was measured. A round without a time (or without tokens)
+        is not counted.
         """
         if seconds <= 0.0 or tokens <= 0:
             return
         self.round += 1
+        self.answer_tokens += tokens
+        plain = self.plain_seconds() or plain_estimate
+        if drafter is not None and plain is not None:
+            self.balance += tokens * plain - seconds
         if drafter is None:
             if tokens == 1:
                 self._plain.append(seconds)
@@ -152,7 +198,11 @@ class EarningsWatch:
 
         Plain's pace is kept (the same machine, the same model); what a drafter earned on
         the last answer's text says little about the next one's, so each is judged afresh.
+        The loss bound starts afresh: nothing won, nothing lost.
         """
+        self._in_answer = True
+        self.balance = 0.0
+        self.answer_tokens = 0
         for record in self._drafters.values():
             record.benched_until = 0
             record.backoff = FIRST_BACKOFF
@@ -165,9 +215,11 @@ class EarningsWatch:
 
 
 __all__ = [
+    "ALLOWANCE_LOOKAHEAD",
     "COPY_EVIDENCE",
     "FIRST_BACKOFF",
     "JUDGED_ROUNDS",
+    "LOSS_ALLOWANCE",
     "MAX_BACKOFF",
     "PAY_FLOOR",
     "PLAIN_PROBE_EVERY",

@@ -122,6 +122,11 @@ NEW_ANSWER_FADE = 0.5
 # stops, and what it reads").
 CONFIDENCE_MEMORY = 16
 CONFIDENCE_ROUNDS = 8
+# After its first CONFIDENCE_ROUNDS, the target's confidence is measured every this many
+# rounds: one softmax over the 1.5B's 151,936 logits cost 0.24 ms a round, 0.8 % of a 30 ms
+# step, and was the largest part of what auto's rounds cost beyond plain decoding's
+# (2026-12-05, EPYC Zen 4, 2 cores, the Haswell library: 0.71 against 0.31 ms a round).
+CONFIDENCE_EVERY = 4
 # A draft model evaluates, before its first draft token of a round, what it has not seen:
 # in steady use the last draft token and the target's own token (2). More than that (the
 # prompt, or text written while the lookups drafted) is paid once and then serves every
@@ -171,6 +176,7 @@ class DraftPlanner:
         self.confidence_rounds = CONFIDENCE_ROUNDS
         self._target_confidence = 0.0  # this answer's, moving average
         self._confidence_rounds = 0
+        self._rounds_unmeasured = 0  # planned rounds since the target's confidence was measured
         self._confidence_expected = False  # set once a loop reports confidence per round
         self._overhead = 0.0  # seconds of loop time per round outside the engines
         self._shadows: list[_Shadow] = []
@@ -251,6 +257,18 @@ class DraftPlanner:
     def draft_costs(self, drafter: Drafter) -> BatchCosts | None:
         """The calibrated forward-pass costs of a draft model (None for lookups)."""
         return self._draft_costs.get(drafter)
+
+    def wants_confidence(self) -> bool:
+        """Whether the loop should measure the target's confidence this round.
+
+        Every round until :data:`CONFIDENCE_ROUNDS` were measured in the answer, then every
+        :data:`CONFIDENCE_EVERY`-th (the prior is an average, and a softmax over a big
+        vocabulary is not free).
+        """
+        return (
+            self._confidence_rounds < self.confidence_rounds
+            or self._rounds_unmeasured + 1 >= CONFIDENCE_EVERY
+        )
 
     def draft_model_ready(self) -> bool:
         """Whether a draft model may be planned: its prior has been measured long enough.
@@ -337,6 +355,29 @@ class DraftPlanner:
             drafting.append(costs.cost(steady) + passes * costs.cost(1))
         return drafting, one_time
 
+    def _refused_drafting_seconds(self, drafter: Drafter, limit: int, unread: int) -> list[float]:
+        """Per planned length, a drafter's drafting time if it drafts all of it (its worst).
+
+        A draft model catches up (its reading included) and steps once per token after the
+        first; a lookup's proposal is already made.
+        """
+        costs = self.draft_costs(drafter)
+        if costs is None:
+            return [0.0] * (limit + 1)
+        catch_up = costs.cost(max(1, unread))
+        return [0.0] + [catch_up + (k - 1) * costs.cost(1) for k in range(1, limit + 1)]
+
+    def worst_loss(self, drafting: float, k: int, chunk: int | None) -> float:
+        """Seconds a round of ``k`` drafted tokens loses against plain's pace at worst.
+
+        Every drafted token refused: ``drafting`` (the drafter's time for all ``k``), the
+        first verification batch (``chunk`` rows, or all ``k + 1``) and the loop's own
+        time, less the one token the round still gives at plain's pace.
+        """
+        rows = k + 1 if chunk is None else max(1, min(chunk, k + 1))
+        plain = self.watch.plain_seconds() or 1.0 / self.plain_rate()
+        return drafting + self.target_costs.cost(rows) + self._overhead - plain
+
     def _round_seconds(self, stops: Sequence[float], verify: Sequence[float]) -> float:
         """Expected verification and overhead time of a plan whose drafter stops as ``stops``."""
         seconds = self._overhead
@@ -345,13 +386,18 @@ class DraftPlanner:
         return seconds
 
     def _best_length(
-        self, candidate: Candidate, exact_chunk: int | None, horizon: int
+        self,
+        candidate: Candidate,
+        exact_chunk: int | None,
+        horizon: int,
+        loss_limit: float | None = None,
     ) -> tuple[int, float, int | None]:
         """The draft length (1..limit) and verification chunk with the highest expected rate.
 
-        Returns (length, rate, chunk). A draft model's catch-up beyond
-        :data:`STEADY_CATCH_UP` tokens is spread over the next ``horizon`` tokens (capped at
-        :data:`CATCH_UP_HORIZON`).
+        Returns (length, rate, chunk); (0, 0.0, ...) where nothing fits. A draft model's
+        catch-up beyond :data:`STEADY_CATCH_UP` tokens is spread over the next ``horizon``
+        tokens (capped at :data:`CATCH_UP_HORIZON`). ``loss_limit``: the seconds the round
+        may lose at worst (:meth:`worst_loss`; None: no bound).
         """
         drafter, limit = candidate.drafter, candidate.limit
         evidence = 0 if candidate.proposal is None else candidate.proposal.evidence
@@ -369,6 +415,7 @@ class DraftPlanner:
             for k in range(1, limit + 1)
         ]
         drafting, one_time = self._drafting_seconds(drafter, stops, candidate.unread)
+        refused = self._refused_drafting_seconds(drafter, limit, candidate.unread)
         best_k, best_rate, best_chunk = 0, 0.0, exact_chunk
         for chunk in self.verify_chunks(exact_chunk):
             if chunk is not None and chunk > limit and chunk != exact_chunk:
@@ -376,6 +423,8 @@ class DraftPlanner:
             # Verifying n drafted tokens, for every n the drafter may stop at.
             verify = [self.verify_seconds(n, reach, chunk) for n in range(limit + 1)]
             for k in range(1, limit + 1):
+                if loss_limit is not None and self.worst_loss(refused[k], k, chunk) > loss_limit:
+                    break  # a longer draft loses more at worst
                 rate = expected[k] / (self._round_seconds(stops[k], verify) + drafting[k])
                 if rate > best_rate:
                     best_k, best_rate, best_chunk = k, rate, chunk
@@ -400,6 +449,9 @@ class DraftPlanner:
         best = RoundPlan(None, 0, None, plain, plain)
         if self.watch.wants_plain_round():
             return best  # plain's own pace, measured (first, or again after long speculation)
+        # What this round may lose at worst: the answer's balance and allowance.
+        plain_seconds = self.watch.plain_seconds() or 1.0 / plain
+        loss_limit = self.watch.headroom(horizon, plain_seconds)
         for candidate in candidates:
             evidence = 0 if candidate.proposal is None else candidate.proposal.evidence
             if candidate.limit <= 0 or self.watch.benched(candidate.drafter, evidence):
@@ -408,7 +460,7 @@ class DraftPlanner:
             pays_within = horizon
             if not self.watch.proven(candidate.drafter):
                 pays_within = min(horizon, TRIAL_HORIZON)
-            k, rate, chunk = self._best_length(candidate, exact_chunk, pays_within)
+            k, rate, chunk = self._best_length(candidate, exact_chunk, pays_within, loss_limit)
             if k > 0 and rate > best.expected_rate:
                 best = RoundPlan(candidate.drafter, k, candidate.proposal, rate, plain, chunk)
         if best.drafter is not None and best.expected_rate < plain * GAIN_MARGIN:
@@ -445,10 +497,14 @@ class DraftPlanner:
             self.target_costs.observe(size, seconds)
         if outcome.target_confidence is not None:
             self._learn_confidence(outcome.target_confidence)
+            self._rounds_unmeasured = 0
+        elif plan is not None:
+            self._rounds_unmeasured += 1
         if outcome.verified is None:
             return
         if plan is not None:
-            self.watch.observe(plan.drafter, outcome.tokens, outcome.seconds)
+            plain_estimate = 1.0 / plan.plain_rate if plan.plain_rate > 0.0 else None
+            self.watch.observe(plan.drafter, outcome.tokens, outcome.seconds, plain_estimate)
             self._learn_acceptance(plan, outcome.verified, outcome.accepted)
             if outcome.overhead_seconds >= 0.0:
                 self._overhead += COST_SMOOTHING * (outcome.overhead_seconds - self._overhead)
@@ -510,6 +566,7 @@ class DraftPlanner:
         self.watch.start_answer()
         self._target_confidence = 0.0
         self._confidence_rounds = 0
+        self._rounds_unmeasured = 0
         self._confidence_expected = True
         for (drafter, _level), estimate in self._acceptance.items():
             if not drafter.lookup:

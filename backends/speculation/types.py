@@ -124,6 +124,9 @@ class SpeculationStats:
     # How often auto sent a drafter to sit out because its rounds earned less than plain
     # decoding's measured pace (backends/speculation/earnings.py).
     backoffs: int = 0
+    # What auto's speculative rounds won (+) or lost (-) in seconds against plain decoding's
+    # measured pace, the balance its loss bound keeps (backends/speculation/earnings.py).
+    speculation_balance_seconds: float = 0.0
     time_to_first_token_sec: float | None = None
     generation_seconds: float = 0.0  # from the first token to the last
     total_seconds: float = 0.0  # from the start of prompt processing to the last token
@@ -201,6 +204,7 @@ class SpeculationStats:
             "tokens_by_method": dict(self.tokens_by_method),
             "seconds_by_method": dict(self.seconds_by_method),
             "backoffs": self.backoffs,
+            "speculation_balance_seconds": self.speculation_balance_seconds,
             "tokens_per_second": self.tokens_per_second,
             "time_to_first_token_sec": self.time_to_first_token_sec,
             "generation_seconds": self.generation_seconds,
