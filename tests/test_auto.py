@@ -67,6 +67,7 @@ def test_auto_on_the_default_pair_is_plain_decoding(
     assert auto.planner.target_costs.cost(1) > 0
 
 
+@pytest.mark.heavy
 def test_long_context_greedy_stays_bitwise_plain(smollm_target: LlamaEngine) -> None:
     """Past 512 cached tokens llama.cpp's CPU attention has other paths; the engine avoids them."""
     decoder = SpeculativeDecoder(smollm_target, NgramSimpleDrafter())

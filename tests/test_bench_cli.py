@@ -156,6 +156,7 @@ KERNEL_FLAGS = {"avx2", "fma", "f16c"}
     sys.platform != "linux" or platform.machine() != "x86_64" or not cpu_flags() >= KERNEL_FLAGS,
     reason="SpecDeck's CPU kernels are AVX2 and AVX-512 kernels in its x86 Linux build",
 )
+@pytest.mark.heavy
 def test_the_load_report_names_specdeck_s_cpu_kernels_and_the_switch_turns_them_off(
     smollm_path: Path,
 ) -> None:
@@ -280,6 +281,7 @@ def _crashing(tmp_path: Path, crash_at: str | None) -> dict[str, str]:
     return env
 
 
+@pytest.mark.heavy
 def test_a_crash_while_loading_is_retried_once_with_the_safest_settings(
     smollm_path: Path, tmp_path: Path
 ) -> None:
@@ -323,6 +325,7 @@ def test_a_crash_with_the_safest_settings_too_exits_3_then_refuses(
     )
 
 
+@pytest.mark.heavy
 def test_a_crash_while_calibrating_is_a_load_crash_too(smollm_path: Path, tmp_path: Path) -> None:
     """auto measures its batch costs at load (as the window's engine process does)."""
     args = ("--main", smollm_path, "--draft", smollm_path, "--max-tokens", "8", "--json")

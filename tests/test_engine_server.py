@@ -255,6 +255,7 @@ llama.LlamaEngine.__init__ = _load_and_print
 """
 
 
+@pytest.mark.heavy
 def test_native_output_never_reaches_the_event_stream(smollm_path: Path, tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text(_NATIVE_PRINTER, encoding="utf-8")
     paths = [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]
@@ -313,6 +314,7 @@ def test_a_model_of_the_other_engine_is_refused_by_name(
         ("calibration", "auto", False, ["main-model", "main-probe", "calibration"]),
     ],
 )
+@pytest.mark.heavy
 def test_a_crash_while_loading_follows_the_announced_stage(
     monkeypatch: pytest.MonkeyPatch,
     smollm_path: Path,
@@ -342,6 +344,7 @@ def test_a_crash_while_loading_follows_the_announced_stage(
         engine.kill()
 
 
+@pytest.mark.heavy
 def test_the_local_api_serves_the_loaded_pair_in_turn_with_the_window(
     engine_process: EngineProcess, smollm_path: Path
 ) -> None:
@@ -435,6 +438,7 @@ def _tune(request_id: int, drafts: list[str], **options: Any) -> dict[str, Any]:
     }
 
 
+@pytest.mark.heavy
 def test_tuning_runs_in_the_engine_process_and_is_remembered(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, smollm_path: Path
 ) -> None:
@@ -473,6 +477,7 @@ def test_tuning_runs_in_the_engine_process_and_is_remembered(
         engine.close()
 
 
+@pytest.mark.heavy
 def test_a_crash_while_loading_a_trial_draft_ends_the_process_like_an_answer(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, smollm_path: Path
 ) -> None:

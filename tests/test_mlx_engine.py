@@ -349,6 +349,7 @@ def test_mlx_is_imported_only_when_the_engine_is_chosen() -> None:
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.heavy
 def test_a_gguf_draft_for_an_mlx_main_is_imported_at_load(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, smollm_mlx: Path, smollm_path: Path
 ) -> None:

@@ -131,6 +131,7 @@ def test_impossible_ngram_settings(make: object) -> None:
         make()  # type: ignore[operator]
 
 
+@pytest.mark.heavy
 def test_lookup_drafts_a_rewrite_losslessly_on_a_real_model(smollm_target: LlamaEngine) -> None:
     rewrite = next(p for p in SUITE_PROMPTS if p.key == "type-hints")
     plain = SpeculativeDecoder(smollm_target)

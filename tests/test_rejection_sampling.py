@@ -224,6 +224,7 @@ def test_the_distribution_test_can_fail() -> None:
     assert chi_square_p_value(counts, expected, DRAWS) < SIGNIFICANCE
 
 
+@pytest.mark.heavy
 def test_rejection_sampling_accepts_more_than_sample_and_match() -> None:
     sampling = SamplingSettings(temperature=1.0)
     _, rejection_rate = sample_sequences("rejection", sampling, seed=5)
@@ -231,6 +232,7 @@ def test_rejection_sampling_accepts_more_than_sample_and_match() -> None:
     assert rejection_rate > match_rate + 0.05
 
 
+@pytest.mark.heavy
 def test_real_model_keeps_target_distribution(
     smollm_target: LlamaEngine, smollm_draft: LlamaEngine
 ) -> None:

@@ -211,6 +211,7 @@ def test_a_worker_on_every_network_prints_llama_cpps_warning() -> None:
 # -- models on workers ------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_smollm_split_over_two_workers_decodes_exactly_as_plain_with_the_draft_here(
     smollm_path: Path, two_workers: tuple[Worker, Worker]
 ) -> None:
@@ -365,6 +366,7 @@ def _ask(request_id: int, max_tokens: int) -> dict[str, Any]:
     )
 
 
+@pytest.mark.heavy
 def test_a_worker_gone_between_answers_is_an_error_and_the_process_lives(
     smollm_path: Path,
 ) -> None:
@@ -442,6 +444,7 @@ def test_a_worker_lost_mid_answer_ends_the_engine_process_in_time(
         worker.kill()
 
 
+@pytest.mark.heavy
 def test_bench_runs_on_workers_and_says_which_worker_was_lost(
     smollm_path: Path, two_workers: tuple[Worker, Worker]
 ) -> None:

@@ -123,6 +123,7 @@ def test_a_failed_sibling_batch_leaves_the_cache_as_it_was(
     engine.truncate(0)
 
 
+@pytest.mark.heavy
 def test_a_sibling_needs_its_own_cell_and_a_tree_that_fits(smollm_target: LlamaEngine) -> None:
     engine = smollm_target
     engine.truncate(0)

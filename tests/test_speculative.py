@@ -181,6 +181,7 @@ def _log_softmax(row: np.ndarray) -> np.ndarray:
     return result
 
 
+@pytest.mark.heavy
 def test_kv_rollback_keeps_both_caches_consistent(
     smollm_target: LlamaEngine, smollm_draft: LlamaEngine
 ) -> None:

@@ -172,6 +172,7 @@ def _lend(draft: LlamaEngine) -> Callable[[ModelInfo], AbstractContextManager[Mo
     return open_draft
 
 
+@pytest.mark.heavy
 def test_the_trials_rank_plain_the_lookups_and_the_draft_within_the_budget(
     smollm_target: LlamaEngine, smollm_draft: LlamaEngine, smollm_path: Path
 ) -> None:
@@ -234,6 +235,7 @@ def test_the_default_pair_is_predicted_within_the_stated_error(
     assert rows["draft-model"].acceptance_rate > 0.5
 
 
+@pytest.mark.heavy
 def test_cancel_stops_the_trials_and_the_main_model_answers_after(
     smollm_target: LlamaEngine, smollm_draft: LlamaEngine, smollm_path: Path
 ) -> None:

@@ -48,6 +48,7 @@ def _open_dialog(qtbot: QtBot, window: MainWindow) -> TuningDialog:
     return dialog
 
 
+@pytest.mark.heavy
 def test_the_trials_run_rank_and_apply_the_fastest_setup(
     qtbot: QtBot, window: MainWindow, smollm_path: Path
 ) -> None:
@@ -117,6 +118,7 @@ def test_cancel_ends_the_trials_and_keeps_what_was_measured(
     assert window.send_button.isEnabled()
 
 
+@pytest.mark.heavy
 def test_a_crash_during_a_trial_is_the_crash_path_and_the_chats_stay(
     qtbot: QtBot,
     monkeypatch: pytest.MonkeyPatch,

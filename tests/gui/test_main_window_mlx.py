@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pytestqt.qtbot import QtBot
 
 
+@pytest.mark.heavy
 def test_mlx_answer_highlights_drafts_and_compares_like_llama_cpp(
     qtbot: QtBot, smollm_mlx: Path
 ) -> None:

@@ -129,6 +129,7 @@ def test_a_worker_killed_mid_answer_keeps_the_answer_and_reloads_without_it(
         window.shutdown()
 
 
+@pytest.mark.heavy
 def test_a_hung_worker_aborts_the_engine_in_time_and_is_named(
     qtbot: QtBot, smollm_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
