@@ -141,6 +141,7 @@ def test_models_lists_the_main_model_and_its_draft(server: Served, smollm_path: 
     assert server.status()["queued"] == 0
 
 
+@pytest.mark.heavy
 def test_a_chat_answer_is_plain_decoding_with_stats_that_add_up(
     server: Served, smollm_path: Path
 ) -> None:

@@ -143,7 +143,17 @@ def test_fast_batches_differ_from_plain_only_at_near_ties(qwen_main_path: Path) 
         )
 
 
-@pytest.mark.parametrize("method", ["draft-model", "ngram-simple", "ngram-mod", "edit-copy", "off"])
+# Each forced method takes over 4 s here: the quick tier keeps "off", the full suite all five.
+@pytest.mark.parametrize(
+    "method",
+    [
+        pytest.param("draft-model", marks=pytest.mark.heavy),
+        pytest.param("ngram-simple", marks=pytest.mark.heavy),
+        pytest.param("ngram-mod", marks=pytest.mark.heavy),
+        pytest.param("edit-copy", marks=pytest.mark.heavy),
+        "off",
+    ],
+)
 def test_forced_methods_are_lossless_with_adaptive_length(
     smollm_target: LlamaEngine, smollm_draft: LlamaEngine, method: str
 ) -> None:

@@ -155,7 +155,10 @@ class SureButWrong(LookupDrafter):
         return [NEVER_SAID] * min(8, max_tokens), 16
 
 
-BOUNDED_LOSS = 0.95  # auto's speed over plain's at the least, where only the bound holds it
+# Auto's speed over plain's at the least where only the bound holds it: the allowance
+# (1.5 %), the loop's own time and the noise of four 2.7 s runs on a 2-core machine
+# (CI saw 0.94; the unbounded run is near 0.4).
+BOUNDED_LOSS = 0.9
 NEVER_SAID = 0  # SmolLM2's <|endoftext|>: never emitted, the answer ends on <|im_end|>
 
 
@@ -169,7 +172,8 @@ def test_the_loss_bound_holds_auto_near_plain_where_its_estimates_promise_too_mu
     keeps expecting the lookup's proposals to be kept (its acceptance is frozen at the
     prior of a long match) and no drafter is ever sent to sit out, so nothing but the loss
     bound stands between auto and a loss every round. Without it auto is far slower than
-    plain decoding; with it, what speculation loses is held to its allowance.
+    plain decoding; with it, speculation is tried only while its allowance lasts (a few
+    refused drafts an answer, where unbounded it drafts every round).
     """
     monkeypatch.setenv(PASS_DELAY_ENV, "step=20,row=10")
     settings = LlamaLoadSettings(n_ctx=1024)
@@ -178,6 +182,7 @@ def test_the_loss_bound_holds_auto_near_plain_where_its_estimates_promise_too_mu
         prompt = plain.prompt_tokens(user("Write a short story about a robot who learns to paint."))
         generation = GenerationSettings(max_tokens=96)
         ratios, texts = {}, {}
+        drafted = {"bounded": 0, "unbounded": 0}
         for name, watch in (("bounded", NeverBenching()), ("unbounded", Unbounded())):
             auto = SpeculativeDecoder(main, [SureButWrong()], adaptive=True)
             auto.prepare()
@@ -196,9 +201,11 @@ def test_the_loss_bound_holds_auto_near_plain_where_its_estimates_promise_too_mu
                 seconds[decoder_name] += result.stats.generation_seconds
                 tokens[decoder_name] += result.stats.generated_tokens - 1
                 texts[decoder_name] = result.token_ids
+                if decoder_name == "auto":
+                    drafted[name] += result.stats.total_draft_tokens_count
             assert texts["auto"] == texts["plain"]
             assert NEVER_SAID not in texts["plain"]
             ratios[name] = (tokens["auto"] / seconds["auto"]) / (tokens["plain"] / seconds["plain"])
         assert ratios["unbounded"] < 0.8, ratios  # what believing the estimates costs
-        # The allowance (1.5 %), the loop's own time and this machine's noise.
+        assert drafted["bounded"] * 10 < drafted["unbounded"], drafted
         assert ratios["bounded"] >= BOUNDED_LOSS, ratios

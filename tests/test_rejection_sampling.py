@@ -286,6 +286,7 @@ def test_real_model_keeps_target_distribution(
     assert two_sample_p(reference, hot) < SIGNIFICANCE
 
 
+@pytest.mark.heavy
 def test_a_seed_gives_plain_samplings_text_with_sample_match(
     smollm_target: LlamaEngine, smollm_draft: LlamaEngine
 ) -> None:

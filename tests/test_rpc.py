@@ -313,6 +313,7 @@ def test_the_memory_check_counts_only_this_computers_share_of_the_layers(
         open_pair(LoadRequest(str(smollm_path), workers=(closed,), layer_split=(1.0, 0.0)))
 
 
+@pytest.mark.heavy
 def test_through_a_slow_network_the_text_stays_exact(
     smollm_path: Path, two_workers: tuple[Worker, Worker]
 ) -> None:
@@ -405,7 +406,7 @@ def test_a_worker_gone_between_answers_is_an_error_and_the_process_lives(
         keeper.kill()
 
 
-@pytest.mark.parametrize("fault", ["killed", "hung"])
+@pytest.mark.parametrize("fault", ["killed", pytest.param("hung", marks=pytest.mark.heavy)])
 def test_a_worker_lost_mid_answer_ends_the_engine_process_in_time(
     smollm_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:

@@ -98,6 +98,7 @@ def test_the_trials_run_rank_and_apply_the_fastest_setup(
     assert {cells[0] for cells in dialog.result_rows()} == set(rows)
 
 
+@pytest.mark.heavy
 def test_cancel_ends_the_trials_and_keeps_what_was_measured(
     qtbot: QtBot, window: MainWindow
 ) -> None:

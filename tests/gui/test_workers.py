@@ -81,6 +81,7 @@ def test_the_window_places_the_main_model_on_workers_and_shows_them(
         window.shutdown()
 
 
+@pytest.mark.heavy
 def test_a_worker_killed_mid_answer_keeps_the_answer_and_reloads_without_it(
     qtbot: QtBot, smollm_path: Path, workers: tuple[Worker, Worker]
 ) -> None:
