@@ -17,6 +17,7 @@ from gui.chat_store import ChatStore
 from gui.main_window import READY_CHAT_HINT, MainWindow
 from gui.settings import AppSettings
 from tests.gui.conftest import assert_partial_answer_kept, engine_wait, smollm_pair_settings
+from tests.gui.thread_clock import ThreadClock
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -222,24 +223,47 @@ def test_escape_stops_and_keeps_the_partial_answer(qtbot: QtBot, window: MainWin
 
 
 def test_event_loop_never_stalls_while_tokens_stream(qtbot: QtBot, window: MainWindow) -> None:
+    """No gap between two 5 ms ticks of the event loop is the GUI thread's own for 100 ms.
+
+    A gap is charged to the GUI thread less the time it waited, runnable, for a CPU that
+    other processes held (the engine's threads, and whatever else shares CI's 2 cores):
+    running and blocking (rendering, SQLite, a synchronous call) are the window's.
+    """
     window.settings.set("max_tokens", 120)
     window.compare_toggle.setChecked(True)
     clock = QElapsedTimer()
-    gaps: list[int] = []
+    thread_clock = ThreadClock()
+    gaps: list[tuple[int, float]] = []  # (wall ms, ms of it spent waiting for a CPU)
+    waited_before = thread_clock.waited_ns()
     ticker = QTimer()
     ticker.setInterval(5)
 
     def tick() -> None:
-        gaps.append(clock.restart())
+        nonlocal waited_before
+        waited_now = thread_clock.waited_ns()
+        gaps.append((clock.restart(), (waited_now - waited_before) / 1e6))
+        waited_before = waited_now
 
     ticker.timeout.connect(tick)
     clock.start()
     ticker.start()
-    assert _ask(qtbot, window, QUESTION) == "complete"
-    ticker.stop()
+    try:
+        assert _ask(qtbot, window, QUESTION) == "complete"
+    finally:
+        ticker.stop()
+        thread_clock.close()
     assert len(gaps) > 50
-    print(f"longest event-loop stall: {max(gaps[1:])} ms over {len(gaps)} ticks")
-    assert max(gaps[1:]) < MAX_EVENT_LOOP_STALL_MS, f"longest stall {max(gaps[1:])} ms"
+    wall, waited = max(gaps[1:], key=lambda gap: gap[0] - gap[1])
+    longest_wall, its_wait = max(gaps[1:])
+    print(
+        f"longest event-loop stall of the GUI thread's own: {wall - waited:.0f} ms "
+        f"({wall} ms, {waited:.0f} ms of it waiting for a CPU); longest gap {longest_wall} ms "
+        f"({its_wait:.0f} ms waiting) over {len(gaps)} ticks"
+    )
+    assert wall - waited < MAX_EVENT_LOOP_STALL_MS, (
+        f"the GUI thread held its event loop for {wall - waited:.0f} ms "
+        f"(a {wall} ms gap, {waited:.0f} ms of it waiting for a CPU)"
+    )
 
 
 def test_enter_sends_and_shift_enter_starts_a_new_line(qtbot: QtBot, window: MainWindow) -> None:
