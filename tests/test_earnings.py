@@ -11,7 +11,10 @@ from backends.speculation.earnings import (
     JUDGED_ROUNDS,
     LOSS_ALLOWANCE,
     MAX_BACKOFF,
+    PLAIN_FIRST_MEASURE,
     PLAIN_PROBE_EVERY,
+    PLAIN_SETTLE_EVERY,
+    PLAIN_SETTLED,
     TRIAL_HORIZON,
     EarningsWatch,
 )
@@ -109,9 +112,36 @@ def test_a_lookup_on_a_long_match_comes_back_at_once_a_draft_model_does_not() ->
     assert watch.benched(model, evidence=COPY_EVIDENCE)
 
 
+def test_until_plains_pace_settles_the_bound_takes_the_fastest_round_and_probes_often() -> None:
+    """A neighbour's stolen slice in the first plain rounds neither sets the pace nor stays."""
+    watch, lookup = EarningsWatch(), FixedLookup([1])
+    watch.observe(lookup, 2, PLAIN)  # the first round, planned on the costs
+    for _ in range(PLAIN_FIRST_MEASURE):
+        assert watch.wants_plain_round()  # measured first, by plain rounds in a row
+        watch.observe(None, 1, 3 * PLAIN if watch.plain_seconds() is None else PLAIN)
+    # The loss bound takes the fastest, not the first; the earnings their median.
+    assert watch.cautious_plain_seconds() == pytest.approx(PLAIN)
+    assert watch.plain_seconds() == pytest.approx(2 * PLAIN)
+    assert not watch.settled
+    while not watch.settled:
+        for _ in range(PLAIN_SETTLE_EVERY):
+            assert not watch.wants_plain_round()
+            watch.observe(lookup, 2, PLAIN)
+        assert watch.wants_plain_round()  # a plain round soon, until the pace settles
+        watch.observe(None, 1, PLAIN)
+    assert PLAIN_FIRST_MEASURE < PLAIN_SETTLED
+    for _ in range(PLAIN_SETTLE_EVERY):
+        watch.observe(lookup, 2, PLAIN)
+    assert not watch.wants_plain_round()  # settled: probed only after long speculation
+    for _ in range(2):
+        watch.observe(None, 1, 3 * PLAIN)
+    # Settled, both are the median (3,1,1,1,3,3).
+    assert watch.plain_seconds() == watch.cautious_plain_seconds() == pytest.approx(2 * PLAIN)
+
+
 def test_long_speculation_asks_for_a_plain_round_to_measure_plain_again() -> None:
     watch, lookup = EarningsWatch(), FixedLookup([1])
-    plain_rounds(watch, 1)
+    plain_rounds(watch, PLAIN_SETTLED)
     for _ in range(PLAIN_PROBE_EVERY - 1):
         watch.observe(lookup, 4, PLAIN)
     assert not watch.wants_plain_round()
@@ -144,9 +174,10 @@ def test_the_planner_benches_a_lookup_its_costs_promised_would_pay() -> None:
     first, outcome = round_outcome(planner, lookup, 2, 4 * PLAIN)
     assert first.drafter is lookup  # no timed round yet: the costs decide
     planner.observe(outcome)
-    second, outcome = round_outcome(planner, lookup, 1, PLAIN)
-    assert second.drafter is None  # now plain's pace is measured first
-    planner.observe(outcome)
+    for _ in range(PLAIN_FIRST_MEASURE):
+        second, outcome = round_outcome(planner, lookup, 1, PLAIN)
+        assert second.drafter is None  # now plain's pace is measured first
+        planner.observe(outcome)
     for _ in range(JUDGED_ROUNDS - 1):
         chosen, outcome = round_outcome(planner, lookup, 2, 4 * PLAIN)  # 0.5x of plain
         assert chosen.drafter is lookup
@@ -236,6 +267,22 @@ def test_the_balance_is_what_speculative_rounds_won_or_lost_against_plains_pace(
     )
     watch.start_answer()  # each answer keeps its own account
     assert (watch.balance, watch.answer_tokens) == (0.0, 0)
+
+
+def test_the_balance_is_repriced_when_plains_pace_is_corrected() -> None:
+    """Rounds credited against a slowed first plain round are judged again at the true pace."""
+    watch, lookup = EarningsWatch(), FixedLookup([1])
+    watch.start_answer()
+    watch.observe(lookup, 2, 1.5 * PLAIN, plain_estimate=PLAIN)  # before any plain round
+    assert watch.balance == pytest.approx(0.5 * PLAIN)  # priced as the costs said
+    watch.observe(None, 1, 4 * PLAIN)  # a plain round a neighbour slowed fourfold
+    assert watch.balance == pytest.approx(2 * 4 * PLAIN - 1.5 * PLAIN)
+    for _ in range(3):
+        watch.observe(lookup, 2, 3 * PLAIN)  # each "wins" 5 steps at that pace
+    assert watch.balance > 20 * PLAIN
+    watch.observe(None, 1, PLAIN)  # the true pace
+    # 8 tokens in 10.5 steps: 2.5 steps lost, whatever was credited before.
+    assert watch.balance == pytest.approx(-2.5 * PLAIN)
 
 
 def test_a_round_is_planned_only_if_its_worst_loss_fits_shorter_drafts_first() -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from backends.engines.interface import common_prefix_length
-from backends.speculation.earnings import JUDGED_ROUNDS
+from backends.speculation.earnings import JUDGED_ROUNDS, PLAIN_FIRST_MEASURE
 from backends.speculation.estimates import BatchCosts, ConfidenceKept, PositionAcceptance
 from backends.speculation.planner import (
     CATCH_UP_HORIZON,
@@ -281,7 +281,8 @@ def test_a_draft_model_behind_by_the_prompt_is_still_used() -> None:
         planner.acceptance(model).observe(3, 3)
     # Its rounds were judged to pay in this answer (until then its reading must pay
     # within its trial: tests/test_earnings.py).
-    planner.watch.observe(None, 1, 0.072)
+    for _ in range(PLAIN_FIRST_MEASURE):
+        planner.watch.observe(None, 1, 0.072)
     for _ in range(JUDGED_ROUNDS):
         planner.watch.observe(model, 4, 0.072)
     assert planner.watch.proven(model)

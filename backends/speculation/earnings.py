@@ -10,7 +10,13 @@ generation runs anyway:
 - **plain's pace**: the median wall time of the latest plain rounds (one token each, the
   loop's own time included), measured by a plain round before the first speculation and
   kept current by one now and then where speculation ran for long
-  (:data:`PLAIN_PROBE_EVERY`);
+  (:data:`PLAIN_PROBE_EVERY`). One round is not a measurement on a machine whose
+  neighbours steal time slices (a busy process beside llama.cpp's threads made single
+  steps of 15 ms take 128-171 ms now and then, 2-core EPYC Zen 4). So the first
+  measurement is two plain rounds in a row, with a plain round every
+  :data:`PLAIN_SETTLE_EVERY` rounds of speculation until :data:`PLAIN_SETTLED` were seen;
+  until then the loss bound takes the fastest of them (a stolen slice only ever lengthens
+  a pass), the earnings their median (:meth:`EarningsWatch.cautious_plain_seconds`);
 - **each drafter's earnings**: tokens over wall time of its latest rounds
   (:data:`JUDGED_ROUNDS`), drafting, verification and the loop's own time included;
 - **backing off**: a drafter whose rounds earned less than plain's pace sits out
@@ -27,7 +33,10 @@ generation runs anyway:
   not earn it back is not made. Where reading is cheap, or speculation gains much (a GPU,
   an AVX-512 CPU), the trial is made as before; lookups read nothing.
 - **the loss bound**: what speculation won or lost in this answer against plain's pace is
-  kept as a balance (:attr:`EarningsWatch.balance`). A round may be planned only if what
+  kept as a balance (:attr:`EarningsWatch.balance`), priced at plain's pace as it is
+  measured now: a pace corrected later re-prices the rounds that came before it, so a
+  first plain round slowed by a neighbour cannot credit speculation with wins it never
+  made. A round may be planned only if what
   it would lose at worst (every drafted token refused: its drafting, its first
   verification batch and its reading, less the one token it still gives) fits in that
   balance plus an allowance of :data:`LOSS_ALLOWANCE` of the answer's time at plain's
@@ -55,6 +64,9 @@ if TYPE_CHECKING:
 # "Never slower").
 PLAIN_MEMORY = 16  # plain rounds whose median is plain's pace
 PLAIN_PROBE_EVERY = 64  # rounds of speculation after which one plain round re-measures it
+PLAIN_FIRST_MEASURE = 2  # plain rounds in a row that first measure plain's pace
+PLAIN_SETTLED = 4  # plain rounds after which their median is plain's pace (before: the fastest)
+PLAIN_SETTLE_EVERY = 8  # rounds of speculation between plain rounds until plain's pace settles
 JUDGED_ROUNDS = 6  # a drafter's latest rounds whose earnings are judged
 PAY_FLOOR = 1.0  # earnings below this share of plain's pace: the drafter sits out
 FIRST_BACKOFF = 8  # rounds sat out after a first failure; doubles with every next one
@@ -95,17 +107,51 @@ class EarningsWatch:
         self._plain: deque[float] = deque(maxlen=PLAIN_MEMORY)
         self._since_plain = 0
         self._drafters: dict[Drafter, _DrafterEarnings] = {}
-        # The loss bound, per answer (start_answer): seconds won (+) or lost (-) by the
-        # speculative rounds against plain's pace, and the tokens the answer's rounds gave.
-        self.balance = 0.0
+        # The loss bound, per answer (start_answer): the tokens the answer's rounds gave,
+        # and its speculative rounds' tokens and seconds (the balance prices them).
         self.answer_tokens = 0
+        self._speculative_tokens = 0
+        self._speculative_seconds = 0.0
+        self._plain_estimate: float | None = None  # the costs' plain pace, before one is measured
         self._in_answer = False  # an answer started: the planner runs in a loop
 
     # -- what the planner asks -------------------------------------------------------------
 
     def plain_seconds(self) -> float | None:
-        """Plain decoding's measured seconds per token (None before a plain round)."""
+        """Plain decoding's measured seconds per token: the latest plain rounds' median.
+
+        None before a plain round. What a drafter's earnings are judged against.
+        """
         return statistics.median(self._plain) if self._plain else None
+
+    def cautious_plain_seconds(self) -> float | None:
+        """Plain's pace as the loss bound takes it: the fastest plain round until settled.
+
+        Until :data:`PLAIN_SETTLED` plain rounds were seen, one slowed by a neighbour would
+        move their median, and a slow plain pace credits speculation with wins; the fastest
+        round cannot be slowed (a stolen slice only lengthens a pass). Settled: the median.
+        """
+        if not self._plain:
+            return None
+        if len(self._plain) < PLAIN_SETTLED:
+            return min(self._plain)
+        return statistics.median(self._plain)
+
+    @property
+    def settled(self) -> bool:
+        """Whether plain's pace rests on :data:`PLAIN_SETTLED` plain rounds or more."""
+        return len(self._plain) >= PLAIN_SETTLED
+
+    @property
+    def balance(self) -> float:
+        """Seconds this answer's speculative rounds won (+) or lost (-) against plain's pace.
+
+        Priced at plain's pace as measured now (before a plain round, as the costs said).
+        """
+        plain = self.cautious_plain_seconds() or self._plain_estimate
+        if plain is None:
+            return 0.0
+        return self._speculative_tokens * plain - self._speculative_seconds
 
     def wants_plain_round(self) -> bool:
         """Whether this round should be plain: to measure plain's pace, first or again.
@@ -114,7 +160,10 @@ class EarningsWatch:
         """
         if self.round == 0:
             return False
-        return not self._plain or self._since_plain >= PLAIN_PROBE_EVERY
+        if len(self._plain) < PLAIN_FIRST_MEASURE:
+            return True
+        every = PLAIN_PROBE_EVERY if self.settled else PLAIN_SETTLE_EVERY
+        return self._since_plain >= every
 
     def benched(self, drafter: Drafter, evidence: int = 0) -> bool:
         """Whether ``drafter`` sits out this round (a lookup on a long match never does)."""
@@ -161,17 +210,19 @@ class EarningsWatch:
     ) -> None:
         """One decode round: who drafted (None: plain), the tokens it gave, its wall time.
 
-        ``plain_estimate``: plain's seconds a token as the costs say, for the balance of a
-        round before plain's pace was measured. A round without a time (or without tokens)
-        is not counted.
+        ``plain_estimate``: plain's seconds a token as the costs say, for the balance
+        before plain's pace was measured. A round without a time (or without tokens) is
+        not counted.
         """
         if seconds <= 0.0 or tokens <= 0:
             return
         self.round += 1
         self.answer_tokens += tokens
-        plain = self.plain_seconds() or plain_estimate
-        if drafter is not None and plain is not None:
-            self.balance += tokens * plain - seconds
+        if plain_estimate is not None:
+            self._plain_estimate = plain_estimate
+        if drafter is not None:
+            self._speculative_tokens += tokens
+            self._speculative_seconds += seconds
         if drafter is None:
             if tokens == 1:
                 self._plain.append(seconds)
@@ -201,8 +252,9 @@ class EarningsWatch:
         The loss bound starts afresh: nothing won, nothing lost.
         """
         self._in_answer = True
-        self.balance = 0.0
         self.answer_tokens = 0
+        self._speculative_tokens = 0
+        self._speculative_seconds = 0.0
         for record in self._drafters.values():
             record.benched_until = 0
             record.backoff = FIRST_BACKOFF
@@ -222,6 +274,9 @@ __all__ = [
     "LOSS_ALLOWANCE",
     "MAX_BACKOFF",
     "PAY_FLOOR",
+    "PLAIN_FIRST_MEASURE",
     "PLAIN_PROBE_EVERY",
+    "PLAIN_SETTLED",
+    "PLAIN_SETTLE_EVERY",
     "EarningsWatch",
 ]

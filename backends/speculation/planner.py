@@ -375,7 +375,7 @@ class DraftPlanner:
         time, less the one token the round still gives at plain's pace.
         """
         rows = k + 1 if chunk is None else max(1, min(chunk, k + 1))
-        plain = self.watch.plain_seconds() or 1.0 / self.plain_rate()
+        plain = self.watch.cautious_plain_seconds() or 1.0 / self.plain_rate()
         return drafting + self.target_costs.cost(rows) + self._overhead - plain
 
     def _round_seconds(self, stops: Sequence[float], verify: Sequence[float]) -> float:
@@ -450,7 +450,7 @@ class DraftPlanner:
         if self.watch.wants_plain_round():
             return best  # plain's own pace, measured (first, or again after long speculation)
         # What this round may lose at worst: the answer's balance and allowance.
-        plain_seconds = self.watch.plain_seconds() or 1.0 / plain
+        plain_seconds = self.watch.cautious_plain_seconds() or 1.0 / plain
         loss_limit = self.watch.headroom(horizon, plain_seconds)
         for candidate in candidates:
             evidence = 0 if candidate.proposal is None else candidate.proposal.evidence
