@@ -73,10 +73,18 @@ class LoadReport:
             return f"{self.n_layers} layers: {spread}"
         if self.gpu_layers <= 0:
             return f"{self.backend}: all {self.n_layers} layers on CPU ({self.n_threads} threads)"
-        where = "all" if self.gpu_layers >= self.n_layers else f"{self.gpu_layers}/"
         kv = "KV cache on GPU" if self.kv_cache_on_gpu else "KV cache on CPU"
         shared = " (unified memory)" if self.unified_memory else ""
-        return f"{self.backend}: {where} {self.n_layers} layers on GPU, {kv}{shared}"
+        if self.gpu_layers >= self.n_layers:
+            return f"{self.backend}: all {self.n_layers} layers on GPU, {kv}{shared}"
+        # A split: llama.cpp keeps each layer's KV cache where the layer is.
+        on_cpu = self.n_layers - self.gpu_layers
+        if self.kv_cache_on_gpu:
+            kv = "KV cache beside its layers"
+        return (
+            f"{self.backend}: {self.gpu_layers} of {self.n_layers} layers on GPU, "
+            f"{on_cpu} on CPU ({self.n_threads} threads), {kv}{shared}"
+        )
 
 
 LogitRows = npt.NDArray[np.float32]
