@@ -162,7 +162,7 @@ BOUNDED_LOSS = 0.9
 NEVER_SAID = 0  # SmolLM2's <|endoftext|>: never emitted, the answer ends on <|im_end|>
 
 
-def _bounded_against_plain(
+def _auto_against_plain(
     main: LlamaEngine, watch: EarningsWatch, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[float, int]:
     """Auto with :class:`SureButWrong` and ``watch`` against plain: (speed ratio, drafted).
@@ -211,8 +211,8 @@ def test_the_loss_bound_holds_auto_near_plain_where_its_estimates_promise_too_mu
     """
     monkeypatch.setenv(PASS_DELAY_ENV, "step=20,row=10")
     with LlamaEngine(smollm_path, LlamaLoadSettings(n_ctx=1024)) as main:
-        bounded, drafted_bounded = _bounded_against_plain(main, NeverBenching(), monkeypatch)
-        unbounded, drafted_unbounded = _bounded_against_plain(main, Unbounded(), monkeypatch)
+        bounded, drafted_bounded = _auto_against_plain(main, NeverBenching(), monkeypatch)
+        unbounded, drafted_unbounded = _auto_against_plain(main, Unbounded(), monkeypatch)
     assert unbounded < 0.8, unbounded  # what believing the estimates costs
     assert drafted_bounded * 10 < drafted_unbounded, (drafted_bounded, drafted_unbounded)
     assert bounded >= BOUNDED_LOSS, (bounded, unbounded)
@@ -251,7 +251,7 @@ def test_one_slow_plain_round_does_not_open_the_loss_bound(
     monkeypatch.setenv(PASS_DELAY_ENV, "step=20,row=10")
     watch = FirstPlainRoundSlowed()
     with LlamaEngine(smollm_path, LlamaLoadSettings(n_ctx=1024)) as main:
-        ratio, drafted = _bounded_against_plain(main, watch, monkeypatch)
+        ratio, drafted = _auto_against_plain(main, watch, monkeypatch)
         pace = watch.plain_seconds()
     assert watch.slowed
     assert pace is not None

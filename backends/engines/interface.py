@@ -78,12 +78,11 @@ class LoadReport:
         if self.gpu_layers >= self.n_layers:
             return f"{self.backend}: all {self.n_layers} layers on GPU, {kv}{shared}"
         # A split: llama.cpp keeps each layer's KV cache where the layer is.
+        split_kv = "KV cache beside its layers" if self.kv_cache_on_gpu else kv
         on_cpu = self.n_layers - self.gpu_layers
-        if self.kv_cache_on_gpu:
-            kv = "KV cache beside its layers"
         return (
             f"{self.backend}: {self.gpu_layers} of {self.n_layers} layers on GPU, "
-            f"{on_cpu} on CPU ({self.n_threads} threads), {kv}{shared}"
+            f"{on_cpu} on CPU ({self.n_threads} threads), {split_kv}{shared}"
         )
 
 

@@ -8,12 +8,11 @@ the promise "never slower than plain" by construction, from nothing but the roun
 generation runs anyway:
 
 - **plain's pace**: the median wall time of the latest plain rounds (one token each, the
-  loop's own time included), measured by a plain round before the first speculation and
-  kept current by one now and then where speculation ran for long
-  (:data:`PLAIN_PROBE_EVERY`). One round is not a measurement on a machine whose
+  loop's own time included), kept current by one now and then where speculation ran for
+  long (:data:`PLAIN_PROBE_EVERY`). One round is not a measurement on a machine whose
   neighbours steal time slices (a busy process beside llama.cpp's threads made single
   steps of 15 ms take 128-171 ms now and then, 2-core EPYC Zen 4). So the first
-  measurement is two plain rounds in a row, with a plain round every
+  measurement, before the first speculation, is two plain rounds in a row, with one every
   :data:`PLAIN_SETTLE_EVERY` rounds of speculation until :data:`PLAIN_SETTLED` were seen;
   until then the loss bound takes the fastest of them (a stolen slice only ever lengthens
   a pass), the earnings their median (:meth:`EarningsWatch.cautious_plain_seconds`);
@@ -131,11 +130,9 @@ class EarningsWatch:
         move their median, and a slow plain pace credits speculation with wins; the fastest
         round cannot be slowed (a stolen slice only lengthens a pass). Settled: the median.
         """
-        if not self._plain:
-            return None
-        if len(self._plain) < PLAIN_SETTLED:
-            return min(self._plain)
-        return statistics.median(self._plain)
+        if self.settled or not self._plain:
+            return self.plain_seconds()
+        return min(self._plain)
 
     @property
     def settled(self) -> bool:
