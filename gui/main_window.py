@@ -519,7 +519,7 @@ class MainWindow(QMainWindow):
             show_about(self)
             return
         notes = (note for note in self.loaded.main.notes if note.startswith("weight repacking"))
-        show_about(self, self.loaded.main.backend, next(notes, None))
+        show_about(self, self.loaded.main.backend_in_use, next(notes, None))
 
     def shutdown(self) -> None:
         """Save what streams, stop the engine, close the history (idempotent)."""

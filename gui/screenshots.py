@@ -76,9 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         default="llama.cpp",
         help="mlx: the default pair imported into MLX folders (imported now if need be)",
     )
+    parser.add_argument("--main", type=Path, help="a GGUF main model (default: the default pair)")
+    parser.add_argument("--draft", type=Path, help="its draft (default: --main itself)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     pair = [ensure_model(DEFAULT_MAIN_KEY), ensure_model(DEFAULT_DRAFT_KEY)]
+    if args.main is not None:
+        pair = [args.main, args.draft or args.main]
     if args.engine == "mlx":
         from backends.models.gguf_to_mlx import ImportProgressBar, ensure_mlx_import
 
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     prefer_default_pair()
     settings = AppSettings()
     settings.set("engine", args.engine)
-    if args.engine == "mlx":
+    if args.engine == "mlx" or args.main is not None:
         settings.set("last_main_path", str(pair[0]))
         settings.set("last_draft_choice", str(pair[1]))
     settings.set("compare", True)

@@ -25,3 +25,16 @@ def test_a_split_says_how_many_layers_are_where_and_that_the_kv_cache_follows_th
         "Vulkan: 10 of 30 layers on GPU, 20 on CPU (2 threads), KV cache beside its layers"
     )
     assert replace(split, kv_cache_on_gpu=False).placement.endswith(", KV cache on CPU")
+
+
+def test_the_gpu_is_named_where_llama_cpp_said_which_it_was() -> None:
+    named = replace(ON_CPU, gpu_layers=30, kv_cache_on_gpu=True, gpu_device="Vulkan0: llvmpipe")
+    assert named.placement == "Vulkan: all 30 layers on GPU (Vulkan0: llvmpipe), KV cache on GPU"
+    split = replace(named, gpu_layers=10)
+    assert split.placement.startswith("Vulkan: 10 of 30 layers on GPU (Vulkan0: llvmpipe), 20 on")
+
+
+def test_the_backend_in_use_names_the_gpu_only_where_layers_are() -> None:
+    named = replace(ON_CPU, gpu_layers=30, gpu_device="Vulkan0: llvmpipe")
+    assert named.backend_in_use == "Vulkan (Vulkan0: llvmpipe)"
+    assert replace(named, gpu_layers=0).backend_in_use == "Vulkan"

@@ -101,6 +101,7 @@ class EngineBase:
         unified_memory: bool = False,
         weight_buffers: tuple[str, ...] = (),
         layer_placement: tuple[tuple[str, int], ...] = (),
+        gpu_device: str = "",
     ) -> None:
         """Record the load report; the load time is everything since ``started``."""
         self._load_report = LoadReport(
@@ -116,6 +117,7 @@ class EngineBase:
             unified_memory=unified_memory,
             weight_buffers=weight_buffers,
             layer_placement=layer_placement,
+            gpu_device=gpu_device,
         )
         log.info("loaded %s: %s", self.info.name, self._load_report.placement)
 

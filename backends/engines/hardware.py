@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -23,6 +24,11 @@ _DEVICE_TYPE_NAMES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator"}
 # Load this one CPU variant of a GGML_BACKEND_DL build (e.g. "zen4", "haswell") instead of
 # the best for this CPU: how the bundle's check runs a CPU without AMX's kernels here.
 CPU_VARIANT_ENV = "SPECDECK_CPU_VARIANT"
+# On Vulkan (packaging/llama.cpp/vulkan-exact.patch), batches of up to this many tokens take
+# a single step's shaders and attention split, so verification there can be exact (8 is the
+# most llama.cpp's mat-vec shaders take). Read when the Vulkan device starts.
+VULKAN_EXACT_BATCH = 8
+VULKAN_EXACT_BATCH_ENV = "GGML_VK_EXACT_BATCH"
 # ggml device kinds that are a GPU of this machine (a worker's devices are never listed).
 GPU_KINDS = ("GPU", "iGPU")
 # Backend names as the user knows them, matched against ggml's registry names.
@@ -55,6 +61,9 @@ class LlamaBuildInfo:
     system_info: str
     # The CPU library a GGML_BACKEND_DL build picked ("sapphirerapids", "zen4", ...).
     cpu_variant: str | None = None
+    # Why a GPU backend of the build is not in use, e.g. "Vulkan found no GPU on this
+    # machine: running on the CPU" ("" when there is none or it runs).
+    gpu_problem: str = ""
 
     @property
     def backend_label(self) -> str:
@@ -148,6 +157,36 @@ def gpu_devices() -> tuple[ComputeDevice, ...]:
     return tuple(device for device in _list_devices() if device.kind != "CPU")
 
 
+# Fault injection: the free bytes every GPU reports (a GPU too small for a model, here).
+GPU_FREE_ENV = "SPECDECK_GPU_FREE_BYTES"
+
+
+def gpu_free_memory() -> tuple[int, str] | None:
+    """Free bytes over this machine's GPUs and the first one's label; None without a GPU.
+
+    Vulkan reports its device-local heaps (the budget left where the driver says it).
+    """
+    build = llama_build_info()
+    gpus = [device for device in gpu_devices() if device.kind in GPU_KINDS]
+    if not gpus:
+        return None
+    override = os.environ.get(GPU_FREE_ENV, "")
+    free = (
+        int(override) * len(gpus)
+        if override.isdigit()
+        else sum(device.memory_free or 0 for device in gpus)
+    )
+    return free, gpu_device_label(build, gpus[0].name)
+
+
+def gpu_device_label(build: LlamaBuildInfo, name: str) -> str:
+    """A device as a load report names it: "Vulkan0: llvmpipe", "CUDA0: NVIDIA H200"."""
+    for device in build.devices:
+        if device.name == name and device.description:
+            return f"{name}: {device.description.split(' (')[0]}"
+    return name
+
+
 def _backend_name(devices: tuple[ComputeDevice, ...], system_info: str) -> str:
     haystack = " ".join(d.name for d in devices if d.kind != "CPU") + " " + system_info
     for name in _GPU_BACKEND_NAMES:
@@ -163,11 +202,16 @@ def load_ggml_backends() -> int:
     Builds with GGML_BACKEND_DL (the desktop bundle's: one CPU library per instruction set,
     picked at run time) register nothing until their backends are loaded, and llama.cpp only
     looks next to the executable, which in a bundle is not where llama_cpp/lib is.
-    ``$SPECDECK_CPU_VARIANT`` loads that one CPU library instead of the best one.
+    ``$SPECDECK_CPU_VARIANT`` loads that one CPU library instead of the best one. A GPU
+    backend that is built but cannot load (no Vulkan loader on this machine) is logged in
+    one line, and the CPU runs everything.
     """
+    os.environ.setdefault(VULKAN_EXACT_BATCH_ENV, str(VULKAN_EXACT_BATCH))  # the user's wins
     lib = ggml_device_library()
     if lib is None:
         return 0
+    with contextlib.suppress(AttributeError):  # a build without it logs to stderr
+        _route_ggml_log(lib)
     try:
         lib.ggml_backend_reg_count.restype = ctypes.c_size_t
         lib.ggml_backend_reg_count.argtypes = []
@@ -184,10 +228,90 @@ def load_ggml_backends() -> int:
                 lib.ggml_backend_load_all_from_path(os.fsencode(folder))
             if lib.ggml_backend_reg_count() == 0:
                 log.warning("no llama.cpp backend could be loaded from %s", folder)
+            for problem in unloaded_gpu_backends(folder, _registered_backends(lib)):
+                _GPU_PROBLEMS.append(problem)
+                log.warning("%s", problem)
         return int(lib.ggml_backend_reg_count())
     except AttributeError as error:
         log.debug("libggml cannot load backends: %s", error)
         return 0
+
+
+_GGML_LOG_WARN = 3  # enum ggml_log_level
+_GgmlLogCallback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+_ggml_log_callback: list[object] = []  # kept alive while ggml may call it
+
+
+def _route_ggml_log(lib: ctypes.CDLL) -> None:
+    """Send ggml's log to Python logging, as the engine's llama.cpp log goes later on.
+
+    Loading the backends logs each library it loads (and Vulkan what it finds) to stderr
+    otherwise, before any engine has routed the log: a command's one-line error would not
+    be one line.
+    """
+
+    def on_log(level: int, text: bytes | None, _user_data: ctypes.c_void_p) -> None:
+        line = (text or b"").decode(errors="replace").rstrip()
+        if line:
+            log.log(logging.WARNING if level >= _GGML_LOG_WARN else logging.DEBUG, "%s", line)
+
+    if not _ggml_log_callback:
+        _ggml_log_callback.append(_GgmlLogCallback(on_log))
+    lib.ggml_log_set.restype = None
+    lib.ggml_log_set.argtypes = [_GgmlLogCallback, ctypes.c_void_p]
+    lib.ggml_log_set(_ggml_log_callback[0], None)
+
+
+# Why a GPU backend the build has is not in use (one line each), for the load report.
+_GPU_PROBLEMS: list[str] = []
+
+
+def _registered_backends(lib: ctypes.CDLL) -> set[str]:
+    """The names of the backends ggml has registered, lower case ("cpu", "vulkan", "rpc")."""
+    lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    names = set()
+    for index in range(lib.ggml_backend_reg_count()):
+        name = lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(index)) or b""
+        names.add(name.decode(errors="replace").lower())
+    return names
+
+
+def unloaded_gpu_backends(folder: str, registered: set[str]) -> list[str]:
+    """A line for each GPU backend library in ``folder`` that ggml did not register, and why.
+
+    A Vulkan backend whose loader (``libvulkan.so.1``) is missing fails to load: the
+    dynamic loader's message says so. One that loads but registers nothing found no Vulkan
+    driver (and so no GPU).
+    """
+    problems = []
+    for name in _GPU_BACKEND_NAMES:
+        if name.lower() in registered:
+            continue
+        for path in _backend_libraries(folder, name.lower()):
+            try:
+                ctypes.CDLL(path)
+            except OSError as error:
+                reason = str(error).replace(f"{path}: ", "")
+                problems.append(f"the {name} backend is not loaded ({reason}): running on the CPU")
+            else:  # it loads, but found no driver to register with
+                problems.append(f"{name} found no GPU on this machine: running on the CPU")
+    return problems
+
+
+def _backend_libraries(folder: str, name: str) -> list[str]:
+    suffix = {"win32": ".dll", "darwin": ".so"}.get(sys.platform, ".so")
+    prefix = "" if sys.platform == "win32" else "lib"
+    path = os.path.join(folder, f"{prefix}ggml-{name}{suffix}")
+    return [path] if os.path.exists(path) else []
+
+
+def gpu_problems() -> tuple[str, ...]:
+    """Why the GPU backends this build has are not in use, one line each (empty if they are)."""
+    load_ggml_backends()
+    return tuple(_GPU_PROBLEMS)
 
 
 def _load_cpu_variant(lib: ctypes.CDLL, folder: str, variant: str) -> None:
@@ -222,7 +346,29 @@ def llama_build_info() -> LlamaBuildInfo:
     )
     backend = _backend_name(devices, system_info) if supports_offload else "CPU"
     return LlamaBuildInfo(
-        backend, supports_offload, devices, system_info.strip(), _loaded_cpu_variant()
+        backend,
+        supports_offload,
+        devices,
+        system_info.strip(),
+        _loaded_cpu_variant(),
+        "; ".join(gpu_problems() + _deviceless_backends(devices)),
+    )
+
+
+def _deviceless_backends(devices: tuple[ComputeDevice, ...]) -> tuple[str, ...]:
+    """A line for each GPU backend that loaded but found no device of its own."""
+    lib = ggml_device_library()
+    if lib is None:
+        return ()
+    try:
+        registered = _registered_backends(lib)
+    except AttributeError:
+        return ()
+    return tuple(
+        f"{name} found no GPU on this machine: running on the CPU"
+        for name in _GPU_BACKEND_NAMES
+        if name.lower() in registered
+        and not any(d.name.lower().startswith(name.lower()) for d in devices)
     )
 
 

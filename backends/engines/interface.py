@@ -64,6 +64,16 @@ class LoadReport:
     # With workers (llama.cpp's RPC backend): each device and its repeating layers, in
     # order, e.g. (("this computer (CPU)", 4), ("worker 10.0.0.5:50052", 24)).
     layer_placement: tuple[tuple[str, int], ...] = field(default=())
+    # The GPU the offloaded layers are on, as ggml names it and in short, e.g.
+    # "Vulkan0: llvmpipe" ("" when unknown or nothing is offloaded).
+    gpu_device: str = ""
+
+    @property
+    def backend_in_use(self) -> str:
+        """The backend, and the GPU where layers are on one: "Vulkan (Vulkan0: llvmpipe)"."""
+        if self.gpu_device and self.gpu_layers > 0:
+            return f"{self.backend} ({self.gpu_device})"
+        return self.backend
 
     @property
     def placement(self) -> str:
@@ -75,13 +85,14 @@ class LoadReport:
             return f"{self.backend}: all {self.n_layers} layers on CPU ({self.n_threads} threads)"
         kv = "KV cache on GPU" if self.kv_cache_on_gpu else "KV cache on CPU"
         shared = " (unified memory)" if self.unified_memory else ""
+        gpu = f"GPU ({self.gpu_device})" if self.gpu_device else "GPU"
         if self.gpu_layers >= self.n_layers:
-            return f"{self.backend}: all {self.n_layers} layers on GPU, {kv}{shared}"
+            return f"{self.backend}: all {self.n_layers} layers on {gpu}, {kv}{shared}"
         # A split: llama.cpp keeps each layer's KV cache where the layer is.
         split_kv = "KV cache beside its layers" if self.kv_cache_on_gpu else kv
         on_cpu = self.n_layers - self.gpu_layers
         return (
-            f"{self.backend}: {self.gpu_layers} of {self.n_layers} layers on GPU, "
+            f"{self.backend}: {self.gpu_layers} of {self.n_layers} layers on {gpu}, "
             f"{on_cpu} on CPU ({self.n_threads} threads), {split_kv}{shared}"
         )
 

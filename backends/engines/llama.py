@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,10 @@ from backends.engines.draft_weights import DraftWeights, check_draft_weights, dr
 from backends.engines.hardware import (
     GPU_KINDS,
     available_memory,
+    estimate_model_memory,
     ggml_devices,
+    gpu_device_label,
+    gpu_free_memory,
     llama_build_info,
     physical_cores,
 )
@@ -83,6 +87,9 @@ _TOKEN_PIECE_BUFFER = 256
 _PROBE_MAX_BATCH = 17  # batch sizes probed for exactness: 2 .. this (a 16-token lookup + 1)
 
 LoadProgress = Callable[[float], None]
+# Fault injection: the first load of a model with layers on the GPU fails, as an allocation
+# the GPU cannot make does.
+GPU_LOAD_FAILS_ENV = "SPECDECK_GPU_LOAD_FAILS"
 
 
 @dataclass(frozen=True)
@@ -186,10 +193,15 @@ class LlamaEngine(EngineBase):
         # left on the CPU costs more than it saves in GPU memory.
         gpu_layers = ALL_LAYERS if is_draft else self.settings.gpu_layers
         worker_addresses = () if is_draft else parse_workers(self.settings.workers)
+        gpu_note = None
+        if build.supports_gpu_offload and gpu_layers != 0 and not worker_addresses:
+            gpu_layers, gpu_note = self._fit_on_gpu(gpu_layers)
 
         weights_note = self._load_weights(
             native, build, gpu_layers, worker_addresses, is_draft, progress
         )
+        if self._gpu_load_failed:
+            gpu_layers, gpu_note = 0, self._gpu_load_failed
         n_layers = int(llama_cpp.llama_model_n_layer(self._model))
         threads = self.settings.n_threads or physical_cores()
         single_path = (
@@ -204,9 +216,17 @@ class LlamaEngine(EngineBase):
         self._template = ChatTemplate(self.info.chat_template, self.info.name)
         weight_buffers = native.take_weight_buffers()
         layer_placement: tuple[tuple[str, int], ...] = ()
+        layer_devices = native.take_layer_devices()
+        gpu_device = ""
         if worker_addresses:
-            layer_placement = self._layer_placement(native.take_layer_devices(), n_layers)
+            layer_placement = self._layer_placement(layer_devices, n_layers)
             offloaded = sum(count for where, count in layer_placement if where != LOCAL_CPU_PLACE)
+        elif offloaded and layer_devices:
+            # What llama.cpp did, where it says: a device that could not take a layer
+            # leaves it on the CPU.
+            on_gpu = [d for layer, d in layer_devices.items() if layer < n_layers and d != "CPU"]
+            offloaded = len(on_gpu)
+            gpu_device = gpu_device_label(build, on_gpu[0]) if on_gpu else ""
         if self.settings.probe_exact_batch and not is_draft:
             self._probe_exactness()
         self._finish_load(
@@ -217,11 +237,15 @@ class LlamaEngine(EngineBase):
             kv_cache_on_gpu=build.supports_gpu_offload and offloaded > 0,
             n_threads=threads,
             unified_memory=build.backend == "Metal",
-            notes=(self.weight_plan.note,)
+            # Repacking is the CPU's: a model wholly on the GPU has no weights it repacks.
+            notes=((self.weight_plan.note,) if offloaded < n_layers else ())
             + ((weights_note,) if weights_note else ())
-            + _kernels_note(build, on_cpu=offloaded < n_layers),
+            + _kernels_note(build, on_cpu=offloaded < n_layers)
+            + ((build.gpu_problem,) if build.gpu_problem and not offloaded else ())
+            + ((gpu_note,) if gpu_note else ()),
             weight_buffers=weight_buffers,
             layer_placement=layer_placement,
+            gpu_device=gpu_device,
         )
 
     # -- loading ---------------------------------------------------------------------------
@@ -266,7 +290,17 @@ class LlamaEngine(EngineBase):
                 on_gpu=build.supports_gpu_offload,
                 requantize=requantize_q4_0,
             )
-        model = llama_cpp.llama_model_load_from_file(str(load_path).encode(), model_params)
+        model = None
+        self._gpu_load_failed: str | None = None
+        if os.environ.get(GPU_LOAD_FAILS_ENV) != "1" or model_params.n_gpu_layers == 0:
+            model = llama_cpp.llama_model_load_from_file(str(load_path).encode(), model_params)
+        if not model and model_params.n_gpu_layers != 0 and not worker_addresses:
+            # The GPU could not take it (an allocation failed): the CPU can.
+            why = native.take_errors() or "llama.cpp could not load it there"
+            self._gpu_load_failed = f"the GPU could not hold the model ({why}): loaded on the CPU"
+            log.warning("%s: %s", self.path.name, self._gpu_load_failed)
+            model_params.n_gpu_layers = 0
+            model = llama_cpp.llama_model_load_from_file(str(load_path).encode(), model_params)
         if self._links is not None:
             self._links.release()  # the model's buffers hold the connections now
         if not model:
@@ -277,6 +311,29 @@ class LlamaEngine(EngineBase):
         self._model = model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         return weights_note
+
+    def _fit_on_gpu(self, gpu_layers: int) -> tuple[int, str | None]:
+        """The layers to offload, and why none are where the GPU is too small for them.
+
+        None when the GPU's free memory cannot hold this model's share of the layers (an
+        estimate: weights, KV cache, compute buffers), with the line that says so.
+        """
+        free = gpu_free_memory()
+        if free is None:
+            return gpu_layers, None
+        bytes_free, device = free
+        n_layers = self.info.n_layers or 1
+        share = 1.0 if gpu_layers == ALL_LAYERS else min(gpu_layers, n_layers) / n_layers
+        n_ctx = self.settings.n_ctx or self.info.context_length or DEFAULT_CONTEXT_SIZE
+        needed = int(estimate_model_memory(self.info, n_ctx) * share)
+        if needed <= bytes_free:
+            return gpu_layers, None
+        note = (
+            f"{device} has {bytes_free / 2**30:.2f} GB free, the model needs about "
+            f"{needed / 2**30:.2f} GB there: loaded on the CPU"
+        )
+        log.warning("%s: %s", self.path.name, note)
+        return 0, note
 
     def _open_context(
         self, native: NativeLog, threads: int, single_path: bool, *, sibling_ready: bool

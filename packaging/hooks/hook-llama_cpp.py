@@ -3,7 +3,7 @@
 PyInstaller's import analysis cannot see ctypes loads, so without this hook the frozen app
 fails with "Shared library with base name 'llama' not found". With GGML_BACKEND_DL the CPU
 backend comes as one library per instruction set (libggml-cpu-haswell.so, …-skylakex.so),
-picked at run time; they are all collected.
+picked at run time, beside the Vulkan and RPC backends; they are all collected.
 """
 
 import re

@@ -8,33 +8,23 @@ cd "$(dirname "$0")/../.."
 python=build/bundle-venv/bin/python
 
 # A bundle runs on other people's CPUs: llama.cpp is built with every x86 CPU variant,
-# chosen at run time (GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS), not for this machine's CPU
-# (the default GGML_NATIVE build that scripts/setup installs would die with SIGILL on a
-# CPU without AVX-512), with SpecDeck's llama.cpp patches as in scripts/setup. The wheel is
-# built once (~20 min on 2 cores) and kept in the cache.
-wheels=${SPECDECK_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specdeck/portable-wheels}
+# chosen at run time (GGML_CPU_ALL_VARIANTS), not for this machine's CPU (the build that
+# scripts/setup installs would die with SIGILL on a CPU without AVX-512), with the Vulkan
+# and RPC backends and SpecDeck's llama.cpp patches as in scripts/setup. The wheel is built
+# once (~25 min on 2 cores) and kept in the cache.
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/specdeck
+wheels=${SPECDECK_WHEEL_CACHE:-$cache/portable-wheels}
 echo "bundle: a portable llama-cpp-python with SpecDeck's patches (all CPU variants; built once)"
-wheel=$(CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF" \
+wheel=$(CMAKE_ARGS=$(packaging/llama.cpp/cmake-args portable "$cache") \
     CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)} \
     packaging/llama.cpp/build-wheel .venv/bin/python "$wheels")
 # The bundle's own environment: SpecDeck (not editable, so its metadata travels) and its
 # runtime dependencies only; no test tools, no MLX.
 [ -x "$python" ] || python3 -m venv build/bundle-venv
 "$python" -m pip install --quiet --upgrade pip
-"$python" -m pip install --quiet --force-reinstall --no-deps "$wheel"
+# The backends (CPU variants, Vulkan, RPC) beside libggml, one file per library.
+packaging/llama.cpp/install-wheel "$python" "$wheel"
 "$python" -m pip install --quiet . 'pyinstaller>=6.10'
-# The wheel installs the CPU variants under site-packages/bin; put them beside libggml in
-# llama_cpp/lib, where SpecDeck loads backends from (and where the PyInstaller hook looks).
-site=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-cp "$site"/bin/libggml-cpu-*.so "$site/llama_cpp/lib/"
-# Wheels cannot hold symlinks, so libggml.so, libggml.so.0 and libggml.so.0.25.3 arrive as
-# three copies. ctypes opens libggml.so while libllama links libggml.so.0: as two files they
-# would be two ggml instances, and backends registered in one are unknown to the other.
-# One file per library, the other names links to it.
-for library in "$site"/llama_cpp/lib/lib*.so.[0-9]; do
-    rm -f "$library".*
-    ln -sf "$(basename "$library")" "${library%.[0-9]}"
-done
 "$python" packaging/build_info.py >/dev/null
 version=$(cat packaging/build/VERSION)
 arch=$(dpkg --print-architecture 2>/dev/null || echo amd64)
@@ -81,10 +71,10 @@ Maintainer: SpecDeck developers <specdeck@users.noreply.github.com>
 Installed-Size: $installed_kb
 Section: devel
 Priority: optional
-Recommends: libgtk-3-0
+Recommends: libgtk-3-0, libvulkan1
 Depends: libc6, libegl1, libgl1, libfontconfig1, libfreetype6, libdbus-1-3, libxkbcommon0, libxkbcommon-x11-0, libxcb-cursor0, libxcb-icccm4, libxcb-keysyms1, libxcb-image0, libxcb-render-util0, libxcb-shape0, libxcb-randr0, libxcb-xinerama0, libxcb-xkb1
 Description: Faster local LLM answers with speculative decoding
- A desktop app that runs local GGUF models with llama.cpp (CPU build) and
+ A desktop app that runs local GGUF models with llama.cpp (CPU and Vulkan) and
  speculative decoding: a draft model or an n-gram lookup guesses tokens, the
  main model verifies them, and the window shows which tokens were accepted,
  the live acceptance rate and the speedup over the main model alone.

@@ -44,6 +44,26 @@ if [ "$amx" = yes ]; then
     grep -q "^self-test: ok" "$log"
     grep -q "Main: CPU (zen4)" "$log"
 fi
+# Without a Vulkan GPU (this machine's lavapipe is a CPU device, which llama.cpp leaves out
+# unless GGML_VK_VISIBLE_DEVICES names it; here every Vulkan driver is hidden too) the app
+# runs on the CPU; with lavapipe named, both models go onto it and are verified exactly.
+if [ -e /opt/specdeck/_internal/llama_cpp/lib/libggml-vulkan.so ]; then
+    echo "check: self-test with Vulkan hidden (the CPU)"
+    run_installed VK_DRIVER_FILES=/nonexistent.json VK_ICD_FILENAMES=/nonexistent.json \
+        /usr/bin/specdeck --self-test 2>&1 | tee "$log"
+    grep -q "^self-test: ok: .*Main: CPU[^;]*: all [0-9]* layers on CPU" "$log"
+    icd=$(ls /usr/share/vulkan/icd.d/lvp_icd*.json 2>/dev/null | head -1 || true)
+    if [ -n "$icd" ]; then
+        echo "check: self-test on lavapipe (Mesa's Vulkan device on the CPU)"
+        run_installed VK_DRIVER_FILES="$icd" VK_ICD_FILENAMES="$icd" GGML_VK_VISIBLE_DEVICES=0 \
+            /usr/bin/specdeck --self-test 2>&1 | tee "$log"
+        grep -q "^self-test: ok: .*Main: Vulkan: all [0-9]* layers on GPU (Vulkan0: llvmpipe)" "$log"
+        grep -q "Draft: Vulkan: all [0-9]* layers on GPU (Vulkan0: llvmpipe)" "$log"
+    fi
+else
+    echo "check: the bundle has no Vulkan backend (its build machine lacked the tools)" >&2
+    exit 1
+fi
 # A native crash of the installed engine while loading: one line, exit 1, within seconds.
 echo "check: self-test with the engine made to crash while loading"
 started=$(date +%s)
