@@ -1,0 +1,61 @@
+"""The CMake arguments of SpecDeck's llama.cpp build (packaging/llama.cpp/cmake-args)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "packaging" / "llama.cpp" / "cmake-args"
+
+pytestmark = pytest.mark.skipif(
+    platform.machine() != "x86_64", reason="the native build names x86 instruction sets"
+)
+
+
+# SpecDeck's cache, where scripts/setup keeps the Vulkan headers (fetched there once).
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdeck"
+
+
+def cmake_args(kind: str, flags: str) -> tuple[set[str], str]:
+    env = os.environ | {"SPECDECK_CPU_FLAGS": flags}
+    done = subprocess.run(
+        [str(SCRIPT), kind, str(CACHE)], env=env, capture_output=True, text=True, check=True
+    )
+    return set(done.stdout.split()), done.stderr
+
+
+# A Zen 3 (AVX2, no AVX-512) and a Zen 4, as /proc/cpuinfo names their flags.
+ZEN3 = "fpu sse4_1 sse4_2 avx f16c fma bmi2 avx2 popcnt"
+ZEN4 = ZEN3 + " avx512f avx512dq avx512cd avx512bw avx512vl avx512vbmi avx512_vnni avx512_bf16"
+
+
+def test_the_native_build_names_this_cpu_s_instruction_sets() -> None:
+    """GGML_NATIVE cannot build a loadable CPU library, so the flags are named one by one."""
+    zen3, _ = cmake_args("native", ZEN3)
+    assert {"-DGGML_BACKEND_DL=ON", "-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON"} <= zen3
+    assert {"-DGGML_AVX512=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AMX_INT8=OFF"} <= zen3
+    zen4, _ = cmake_args("native", ZEN4)
+    assert {"-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON"} <= zen4
+    # AVX512 needs all five of F, CD, VL, DQ and BW: without BW it stays off.
+    no_bw, _ = cmake_args("native", ZEN4.replace("avx512bw", ""))
+    assert "-DGGML_AVX512=OFF" in no_bw
+
+
+def test_the_portable_build_takes_every_cpu_variant() -> None:
+    portable, _ = cmake_args("portable", ZEN3)
+    assert {"-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DGGML_RPC=ON"} <= portable
+    assert not any(arg.startswith("-DGGML_AVX") for arg in portable)
+
+
+def test_vulkan_is_built_only_with_its_tools_and_says_why_not() -> None:
+    args, why = cmake_args("native", ZEN3)
+    if "-DGGML_VULKAN=ON" in args:
+        headers = next(a for a in args if a.startswith("-DVulkan_INCLUDE_DIR="))
+        assert Path(headers.split("=", 1)[1], "vulkan", "vulkan.hpp").is_file()
+        assert why == ""
+    else:
+        assert why.startswith("cmake-args: building without the Vulkan backend (")
