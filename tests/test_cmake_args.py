@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -59,3 +60,72 @@ def test_vulkan_is_built_only_with_its_tools_and_says_why_not() -> None:
         assert why == ""
     else:
         assert why.startswith("cmake-args: building without the Vulkan backend (")
+
+
+def fake_toolkit(root: Path, *, with_cublas: bool) -> Path:
+    """A folder laid out as a CUDA toolkit: bin/nvcc and the headers the build looks for."""
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (root / "bin" / "nvcc").chmod(0o755)
+    (root / "include").mkdir()
+    (root / "include" / "cuda_runtime.h").write_text("")
+    if with_cublas:
+        (root / "include" / "cublas_v2.h").write_text("")
+    return root
+
+
+def test_cuda_takes_an_installed_toolkit_the_gpu_s_architecture_and_no_vulkan(
+    tmp_path: Path,
+) -> None:
+    """--cuda: CUDA_HOME's toolkit when it has nvcc and cuBLAS, and never Vulkan beside it."""
+    toolkit = fake_toolkit(tmp_path / "cuda", with_cublas=True)
+    env = os.environ | {"SPECDECK_CPU_FLAGS": ZEN4, "CUDA_HOME": str(toolkit)}
+    done = subprocess.run(
+        [str(SCRIPT), "native", str(tmp_path / "cache"), "--cuda", "python3"],
+        env=env | {"SPECDECK_CUDA_ARCHS": "90;120a-real"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    args = set(done.stdout.split())
+    assert {"-DGGML_CUDA=ON", "-DGGML_BACKEND_DL=ON", "-DGGML_AVX512=ON"} <= args
+    assert f"-DCUDAToolkit_ROOT={toolkit}" in args
+    assert f"-DCMAKE_CUDA_COMPILER={toolkit}/bin/nvcc" in args
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90;120a-real" in args
+    assert not any("VULKAN" in arg.upper() for arg in args)
+    if shutil.which("nvidia-smi", path="/usr/bin:/bin"):
+        return  # a GPU here names its architecture
+    # Without a GPU (no nvidia-smi) nor the variable: llama.cpp's own list of architectures.
+    done = subprocess.run(
+        [str(SCRIPT), "native", str(tmp_path / "cache"), "--cuda", "python3"],
+        env=env | {"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert not any(arg.startswith("-DCMAKE_CUDA_ARCHITECTURES") for arg in done.stdout.split())
+
+
+def test_a_toolkit_without_cublas_is_passed_over_and_a_failed_fetch_says_so(
+    tmp_path: Path,
+) -> None:
+    """A toolkit that lacks cuBLAS's headers is not taken; PyPI's wheels are fetched instead,
+    and when pip cannot get them the build stops with one line that names the file."""
+    if Path("/usr/local/cuda/include/cublas_v2.h").exists():
+        pytest.skip("a complete CUDA toolkit in /usr/local/cuda is taken before PyPI's")
+    toolkit = fake_toolkit(tmp_path / "cuda", with_cublas=False)
+    failing_python = tmp_path / "python"  # a Python whose pip cannot install anything
+    failing_python.write_text("#!/bin/sh\nexit 1\n")
+    failing_python.chmod(0o755)
+    done = subprocess.run(
+        [str(SCRIPT.parent / "cuda-toolkit"), str(failing_python), str(tmp_path / "cache")],
+        env=os.environ | {"CUDA_HOME": str(toolkit), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.splitlines()[-1] == (
+        f"cuda-toolkit: pip could not install {SCRIPT.parent}/cuda-requirements.txt"
+    )
+    assert not (tmp_path / "cache" / "cuda-13.0").exists()

@@ -127,6 +127,32 @@ def test_the_prediction_counts_verification_chunks_as_they_ran() -> None:
     )
 
 
+def test_stats_read_back_from_their_json_predict_the_same() -> None:
+    """What ``specdeck-bench --json`` and the GPU check write: as_dict's JSON read back by
+    from_dict gives the counts, the per-position rates and the prediction again."""
+    stats = _stats(
+        generated_tokens=41,
+        rounds=11,
+        total_draft_tokens_count=70,
+        accepted_draft_tokens_count=40,
+        verified_at_position=[10, 10, 5, 5, 5, 5, 5],
+        accepted_at_position=[10, 5, 5, 5, 5, 5, 5],
+        draft_length_counts={0: 1, 7: 10},
+        verify_batch_counts={1: 1, 4: 15},
+        draft_seconds=0.25,
+    )
+    back = SpeculationStats.from_dict(json.loads(json.dumps(stats.as_dict())))
+    assert back.acceptance_by_position == stats.acceptance_by_position
+    assert back.verify_batch_counts == stats.verify_batch_counts
+    assert back.draft_length_counts == stats.draft_length_counts
+    assert back.draft_seconds == stats.draft_seconds
+
+    def verify_cost(size: int) -> float:
+        return 1.0 + 0.25 * (size - 1)
+
+    assert predict_speedup(back, 0.05, verify_cost) == predict_speedup(stats, 0.05, verify_cost)
+
+
 def _row(label: str, method: SpeculationMethod, speedup: float) -> TuningRow:
     return TuningRow(
         label=label,

@@ -78,8 +78,13 @@ def load_one(model: Path, gpu_layers: int, role: str, env: dict[str, str]) -> di
     return result
 
 
-def bench(model: Path, gpu_layers: int, env: dict[str, str]) -> dict[str, object]:
-    """specdeck-bench, SmolLM2 drafting for itself, 4 tokens a draft every round."""
+FIXED_DRAFTS = ("--method", "draft-model", "--fixed-draft", "--draft-max", "4")
+
+
+def bench(
+    model: Path, gpu_layers: int, env: dict[str, str], method: tuple[str, ...] = FIXED_DRAFTS
+) -> dict[str, object]:
+    """specdeck-bench, SmolLM2 drafting for itself (by default 4 tokens a draft every round)."""
     done = subprocess.run(
         [
             sys.executable,
@@ -93,11 +98,7 @@ def bench(model: Path, gpu_layers: int, env: dict[str, str]) -> dict[str, object
             "stored",
             "--gpu-layers",
             str(gpu_layers),
-            "--method",
-            "draft-model",
-            "--fixed-draft",
-            "--draft-max",
-            "4",
+            *method,
             "--ctx",
             "512",
             "--max-tokens",
@@ -135,6 +136,25 @@ def test_pair_on_the_gpu_verifies_exactly(smollm_path: Path) -> None:
     assert speculative["accepted_draft_tokens_count"] > 0
     # Drafts were checked in batches of several tokens on the GPU, not one at a time.
     assert max(int(size) for size in speculative["verify_batch_counts"]) > 1
+
+
+@needs_lavapipe
+@pytest.mark.heavy
+def test_auto_measures_its_costs_on_the_gpu_and_says_where(smollm_path: Path) -> None:
+    """auto's cost table is timed on the device the models run on, and the line that says
+    what speculation can gain at best there names it: the tuner's explanations use both."""
+    result = bench(smollm_path, -1, lavapipe_env(), method=("--method", "auto"))
+    load = result["load"]
+    assert isinstance(load, dict)
+    calibration = load["calibration"]
+    assert isinstance(calibration, list)
+    assert any(line.startswith("at best on this GPU (Vulkan0: llvmpipe): ") for line in calibration)
+    costs = load["batch_costs_ms"]
+    assert isinstance(costs, dict)
+    main_costs = costs["at_load"]["main"]
+    assert len(main_costs) >= 2
+    assert all(ms > 0 for ms in main_costs.values())
+    assert result["identical"] is True
 
 
 @needs_lavapipe

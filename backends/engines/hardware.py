@@ -33,6 +33,10 @@ VULKAN_EXACT_BATCH_ENV = "GGML_VK_EXACT_BATCH"
 GPU_KINDS = ("GPU", "iGPU")
 # Backend names as the user knows them, matched against ggml's registry names.
 _GPU_BACKEND_NAMES = ("CUDA", "ROCm", "HIP", "Vulkan", "Metal", "SYCL", "OpenCL", "CANN", "MUSA")
+# The libraries the CUDA backend links to, as NVIDIA's PyPI wheels ship them (scripts/setup
+# --cuda installs them where no CUDA toolkit is): loaded first, in this order, so that
+# ggml-cuda finds them. The driver's libcuda comes with the GPU's driver.
+_CUDA_WHEEL_LIBRARIES = ("libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13")
 
 
 def physical_cores() -> int:
@@ -219,6 +223,8 @@ def load_ggml_backends() -> int:
             from llama_cpp import _ggml
 
             folder = os.path.dirname(_ggml.libggml._name)
+            if _backend_libraries(folder, "cuda"):
+                preload_cuda_wheel_libraries()
             variant = os.environ.get(CPU_VARIANT_ENV)
             if variant:
                 _load_cpu_variant(lib, folder, variant)
@@ -235,6 +241,38 @@ def load_ggml_backends() -> int:
     except AttributeError as error:
         log.debug("libggml cannot load backends: %s", error)
         return 0
+
+
+def cuda_wheel_library_folders() -> list[str]:
+    """The folders of NVIDIA's CUDA 13 wheels (``nvidia/cu13/lib``) on this Python's path."""
+    try:
+        import nvidia  # type: ignore[import-not-found]  # a namespace package of NVIDIA's wheels
+    except ImportError:
+        return []
+    folders = (os.path.join(path, "cu13", "lib") for path in getattr(nvidia, "__path__", []))
+    return [folder for folder in folders if os.path.isdir(folder)]
+
+
+def preload_cuda_wheel_libraries() -> list[str]:
+    """Load the CUDA runtime and cuBLAS from NVIDIA's wheels, if installed; the paths loaded.
+
+    ggml-cuda links to them by name, and the dynamic loader does not look in site-packages:
+    loaded first (RTLD_GLOBAL), they are the ones it finds. One that does not load is logged
+    and skipped; the CUDA backend then says why it is not used.
+    """
+    loaded = []
+    for folder in cuda_wheel_library_folders():
+        for name in _CUDA_WHEEL_LIBRARIES:
+            path = os.path.join(folder, name)
+            if not os.path.exists(path):
+                continue
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            except OSError as error:
+                log.warning("cannot load %s for the CUDA backend: %s", path, error)
+            else:
+                loaded.append(path)
+    return loaded
 
 
 _GGML_LOG_WARN = 3  # enum ggml_log_level

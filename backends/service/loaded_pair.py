@@ -48,6 +48,7 @@ from backends.models.compat import check_compatibility, compatibility_problem
 from backends.service.pair_runs import answer, compare_from_empty
 from backends.service.pair_tuning import recall_tuning, tune, tuning_key
 from backends.service.protocol import ENGINE_KINDS, LoadRequest
+from backends.service.tuning import device_words
 from backends.speculation.estimates import DRAFT_CALIBRATION_SIZES, BatchCosts, ceiling_line
 from backends.speculation.methods import DEFAULT_METHOD, METHODS, build_decoder
 from backends.speculation.planner import CostCache
@@ -271,7 +272,7 @@ class LoadedPair:
         main = costs.get("main")
         if main is None:
             return []
-        where = "on this GPU" if self.main.load_report.gpu_layers > 0 else "on this CPU"
+        where = f"on {device_words(self.main)}"
         notes = [f"auto's batch costs: {main.sureness()}"]
         draft_name = "" if self.draft is None else self.draft.load_report.model_name
         ceiling = ceiling_line(main, costs.get("draft"), draft_name, where)

@@ -118,8 +118,14 @@ def trial_prompts(chat_messages: Sequence[str] = ()) -> list[TrialPrompt]:
 
 
 def device_words(main: ModelEngine) -> str:
-    """Where the main model runs, as the explanations name it: this CPU or this GPU."""
-    return "this GPU" if main.load_report.gpu_layers > 0 else "this CPU"
+    """Where the main model runs, as the explanations name it.
+
+    "this CPU", or "this GPU" with its name where known ("this GPU (Vulkan0: llvmpipe)").
+    """
+    report = main.load_report
+    if report.gpu_layers <= 0:
+        return "this CPU"
+    return f"this GPU ({report.gpu_device})" if report.gpu_device else "this GPU"
 
 
 # -- measured ---------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from backends.speculation import estimates
-from backends.speculation.types import SpeculationStats
+from backends.speculation.types import ADDITIVE_STATS, SpeculationStats
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -180,22 +180,7 @@ def combined_stats(runs: Sequence[SpeculationStats]) -> SpeculationStats:
     """Several runs' counts and times added up (the per-position counts position by position)."""
     total = SpeculationStats()
     for stats in runs:
-        for name in (
-            "prompt_tokens",
-            "generated_tokens",
-            "rounds",
-            "total_draft_tokens_count",
-            "accepted_draft_tokens_count",
-            "rejected_draft_tokens_count",
-            "ignored_draft_tokens_count",
-            "sibling_tokens_count",
-            "accepted_sibling_tokens_count",
-            "generation_seconds",
-            "total_seconds",
-            "draft_seconds",
-            "verify_seconds",
-            "engine_seconds",
-        ):
+        for name in ADDITIVE_STATS:
             setattr(total, name, getattr(total, name) + getattr(stats, name))
         for mine, theirs in (
             (total.verified_at_position, stats.verified_at_position),

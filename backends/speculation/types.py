@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from backends.errors import SettingsError
 from backends.speculation.sampling import ProbArray, SamplingSettings
 
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     import numpy as np
 
@@ -91,6 +91,25 @@ class GenerationSettings:
             raise SettingsError(
                 f"verification must be 'rejection' or 'sample-match', got {self.verification!r}"
             )
+
+
+# The counts and times of SpeculationStats that add up over several runs.
+ADDITIVE_STATS = (
+    "prompt_tokens",
+    "generated_tokens",
+    "rounds",
+    "total_draft_tokens_count",
+    "accepted_draft_tokens_count",
+    "rejected_draft_tokens_count",
+    "ignored_draft_tokens_count",
+    "sibling_tokens_count",
+    "accepted_sibling_tokens_count",
+    "generation_seconds",
+    "total_seconds",
+    "draft_seconds",
+    "verify_seconds",
+    "engine_seconds",
+)
 
 
 @dataclass
@@ -198,6 +217,8 @@ class SpeculationStats:
             "accepted_sibling_tokens_count": self.accepted_sibling_tokens_count,
             "acceptance_rate": self.acceptance_rate,
             "acceptance_by_position": self.acceptance_by_position,
+            "verified_at_position": list(self.verified_at_position),
+            "accepted_at_position": list(self.accepted_at_position),
             "draft_length_counts": {str(k): v for k, v in sorted(self.draft_length_counts.items())},
             "verify_batch_counts": {str(k): v for k, v in sorted(self.verify_batch_counts.items())},
             "rounds_by_method": dict(self.rounds_by_method),
@@ -215,6 +236,20 @@ class SpeculationStats:
             "overhead_seconds": self.overhead_seconds,
             "stop_reason": self.stop_reason,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SpeculationStats:
+        """The counts and times back from :meth:`as_dict`'s data (its JSON, read back).
+
+        The per-position and per-length counts come back too; the per-method figures and
+        the stop reason do not.
+        """
+        stats = cls(**{name: data[name] for name in ADDITIVE_STATS})
+        stats.verified_at_position = list(data["verified_at_position"])
+        stats.accepted_at_position = list(data["accepted_at_position"])
+        stats.draft_length_counts = {int(k): v for k, v in data["draft_length_counts"].items()}
+        stats.verify_batch_counts = {int(k): v for k, v in data["verify_batch_counts"].items()}
+        return stats
 
 
 @dataclass(frozen=True)

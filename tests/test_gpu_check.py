@@ -1,0 +1,116 @@
+"""The GPU check (benchmarks/gpu_check.py) on this machine: random models of a real model's
+shapes, the measurements and the prediction, on the CPU and on lavapipe."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends.engines.llama import LlamaEngine, LlamaLoadSettings
+from benchmarks import gpu_check
+from tests.test_vulkan import lavapipe_env, needs_lavapipe
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_random_model_has_the_real_one_s_shapes_types_and_metadata(
+    smollm_path: Path, tmp_path: Path
+) -> None:
+    """Every tensor's name, shape and type and every metadata value (the tokenizer's too) as
+    in the real file, about its size, and llama.cpp loads it and computes finite logits."""
+    real = gpu_check.read_shapes(smollm_path)
+    written = tmp_path / "random.gguf"
+    size = gpu_check.write_random_gguf(real, written)
+    copy = gpu_check.read_shapes(written)
+    assert copy["tensors"] == real["tensors"]
+    assert copy["fields"] == real["fields"]
+    assert copy["architecture"] == real["architecture"]
+    assert abs(size - smollm_path.stat().st_size) < 0.01 * size
+    settings = LlamaLoadSettings(n_ctx=256, probe_exact_batch=False)
+    with LlamaEngine(written, settings) as engine:
+        rows = engine.evaluate([1, 2, 3], 2)
+    assert rows.shape[0] == 2
+    assert all(float(abs(row).max()) < 1e30 for row in rows)
+
+
+def test_a_block_type_it_cannot_fill_stops_with_its_name(tmp_path: Path) -> None:
+    shapes = {
+        "file": "x.gguf",
+        "architecture": "llama",
+        "fields": [],
+        "tensors": [{"name": "blk.0.ffn_up.weight", "shape": [256, 4], "type": "IQ2_XXS"}],
+    }
+    with pytest.raises(ValueError, match=r"cannot write random IQ2_XXS blocks \(blk.0.ffn_up"):
+        gpu_check.write_random_gguf(shapes, tmp_path / "x.gguf")
+
+
+def measured(batch_ms: dict[int, float], draft_ms: float) -> dict[str, Any]:
+    return {
+        "main": {"backend": "a device", "batch_ms": {str(n): ms for n, ms in batch_ms.items()}},
+        "draft": {"step_ms": draft_ms},
+    }
+
+
+def test_cheap_batches_predict_more_speed_and_longer_drafts() -> None:
+    """With the acceptance measured on the CPU, a GPU-like device (a batch of 16 costs one
+    step, a draft step 10 %) predicts more than a CPU-like one (each row a third of a step,
+    a draft step 35 %) for every suite prompt, and drafts at least as long."""
+    acceptance = json.loads(gpu_check.ACCEPTANCE_FILE.read_text(encoding="utf-8"))
+    sizes = range(1, 17)
+    gpu = gpu_check.predict(measured({n: 10.0 for n in sizes}, 1.0), acceptance)
+    cpu = gpu_check.predict(measured({n: 10.0 + 3.3 * (n - 1) for n in sizes}, 3.5), acceptance)
+    assert [row["prompt"] for row in gpu] == [p["name"] for p in acceptance["prompts"]]
+    for on_gpu, on_cpu in zip(gpu, cpu, strict=True):
+        assert on_gpu["predicted_speedup"] > on_cpu["predicted_speedup"]
+        assert on_gpu["best_fixed_speedup"] > on_cpu["best_fixed_speedup"] >= 1.0
+        assert on_gpu["best_draft_length"] >= on_cpu["best_draft_length"]
+        assert "a device" in on_gpu["explanation"]
+    # At flat costs the best fixed length is the longest measured where acceptance is high.
+    best = max(gpu, key=lambda row: row["acceptance_rate"])
+    assert best["best_draft_length"] >= 4
+
+
+def run_check(smollm_path: Path, env: dict[str, str] | None, *extra: str) -> dict[str, Any]:
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "run", "--cpu"]
+    command += ["--main", str(smollm_path), "--draft", str(smollm_path), "--json", *extra]
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.heavy
+def test_the_check_runs_on_this_machine_s_cpu(smollm_path: Path) -> None:
+    """``run --cpu``: random models of SmolLM2's shapes, every batch size timed, the probe,
+    and a prediction for every suite prompt."""
+    result = run_check(smollm_path, None, "--timings", "1")
+    main, draft = result["measured"]["main"], result["measured"]["draft"]
+    assert list(main["batch_ms"]) == [str(n) for n in gpu_check.BATCH_SIZES]
+    assert all(ms > 0 for ms in main["batch_ms"].values())
+    assert 1 <= main["exact_batch_limit"] <= gpu_check.PROBE_SIZE
+    assert draft["step_ms"] > 0
+    assert "layers on CPU" in main["placement"]
+    assert result["main_file"]["shapes_of"] == smollm_path.name
+    predicted = result["predicted"]
+    assert len(predicted) == len(json.loads(gpu_check.ACCEPTANCE_FILE.read_text())["prompts"])
+    assert all(row["predicted_speedup"] > 0 for row in predicted)
+
+
+@pytest.mark.heavy
+@needs_lavapipe
+def test_the_check_on_lavapipe_puts_both_on_the_gpu_and_finds_the_exact_batches(
+    smollm_path: Path,
+) -> None:
+    """On a Vulkan device both random models go fully onto it, and with SpecDeck's Vulkan
+    patch batches of up to 8 are exact (the probe goes to 16)."""
+    result = run_check(smollm_path, lavapipe_env(), "--timings", "1", "--batch-max", "4")
+    main, draft = result["measured"]["main"], result["measured"]["draft"]
+    assert "layers on GPU (Vulkan0: llvmpipe" in main["placement"]
+    assert "layers on GPU (Vulkan0: llvmpipe" in draft["placement"]
+    assert main["exact_batch_limit"] == 8
+    assert list(main["batch_ms"]) == ["1", "2", "3", "4"]
