@@ -4,15 +4,17 @@ Made for a machine with an NVIDIA GPU, CUDA's compiler and no network, to which 
 64 MiB of files travel (the project's H200: 16 cores, about 15 minutes of use), so no
 real model goes there. ``pack``, here, puts what it needs in one folder:
 
-- llama-cpp-python's sdist, trimmed of the llama.cpp folders a CUDA build never reads
+- llama-cpp-python's sdist with SpecDeck's patches applied and its version set
+  (``build-wheel --prepare``), trimmed of what a CUDA build never reads
   (:data:`UNBUILT_PATHS`);
 - the default pair's *shapes*: every metadata key (the tokenizer too) and every tensor's
   name, shape and type, read off the real GGUF files;
-- the wheels of the pure-Python packages the check needs there (gguf, diskcache).
+- the wheels of the pure-Python packages the check needs there that the image lacks
+  (:data:`CARRIED_PACKAGES`).
 
 ``run``, there, in one go:
 
-1. builds llama-cpp-python from that sdist with SpecDeck's patches for CUDA
+1. builds llama-cpp-python from that patched sdist for CUDA
    (``packaging/llama.cpp/cmake-args --cuda``: the GPU's own architecture, every core);
 2. writes GGUF files with random weights of exactly the pair's shapes and tensor types
    (gguf's writer; quantized blocks get random bits and small scales);
@@ -73,7 +75,7 @@ CARRIED_PACKAGES = ("gguf", "diskcache", "platformdirs")
 # touch the CPU and Vulkan backends, which stay.
 UNBUILT_PATHS = (
     ".git",  # the sdist carries llama.cpp's git history (38 MB)
-    "vendor/llama.cpp/.git",  # a file naming that history; the patches go on without git
+    "vendor/llama.cpp/.git",  # a file naming that history (the patches are in by then)
     "vendor/llama.cpp/models",
     "vendor/llama.cpp/tests",
     "vendor/llama.cpp/docs",
@@ -89,7 +91,7 @@ UNBUILT_PATHS = (
 )  # fmt: skip
 BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 28, 32)
 PROBE_SIZE = 16
-CACHED_TOKENS = 256  # the batches are timed after this many tokens in the cache
+CACHED_TOKENS = 256  # the batches are timed after this many tokens in the cache (by default)
 TIMINGS = 5  # a batch size's cost: the median of this many passes
 # Scales of random quantized blocks: small enough that 1.5B random layers stay finite.
 BLOCK_SCALE = 0.002
@@ -197,7 +199,12 @@ def write_random_gguf(shapes: dict[str, Any], path: Path, seed: int = 0) -> int:
 
 
 def measure_pair(
-    main: Path, draft: Path, gpu_layers: int, sizes: Sequence[int], timings: int
+    main: Path,
+    draft: Path,
+    gpu_layers: int,
+    sizes: Sequence[int],
+    timings: int,
+    cached_tokens: int = CACHED_TOKENS,
 ) -> dict[str, Any]:
     """Load both (the draft always fully on the GPU), then time and probe them."""
     from backends.engines.interface import probe_exact_batch_limit
@@ -208,9 +215,9 @@ def measure_pair(
         report = engine.load_report
         vocab = engine.vocab.n_vocab
         rng = np.random.default_rng(1)
-        words = [int(w) for w in rng.integers(100, min(vocab, 30000), size=CACHED_TOKENS + 40)]
+        words = [int(w) for w in rng.integers(100, min(vocab, 30000), size=cached_tokens + 40)]
         limit = probe_exact_batch_limit(engine, PROBE_SIZE, PROBE_SIZE)
-        costs = batch_seconds(engine, words, sizes, timings)
+        costs = batch_seconds(engine, words, sizes, timings, cached_tokens)
         main_facts = {
             "placement": report.placement,
             "backend": report.backend_in_use,
@@ -219,7 +226,7 @@ def measure_pair(
         }
     with LlamaEngine(draft, settings, is_draft=True) as engine:
         report = engine.load_report
-        draft_costs = batch_seconds(engine, words, (1,), timings)
+        draft_costs = batch_seconds(engine, words, (1,), timings, cached_tokens)
         draft_facts = {
             "placement": report.placement,
             "backend": report.backend_in_use,
@@ -229,22 +236,22 @@ def measure_pair(
 
 
 def batch_seconds(
-    engine: Any, words: Sequence[int], sizes: Sequence[int], timings: int
+    engine: Any, words: Sequence[int], sizes: Sequence[int], timings: int, cached: int
 ) -> dict[int, float]:
-    """The median seconds of a batch of each size after :data:`CACHED_TOKENS` cached tokens.
+    """The median seconds of a batch of each size after ``cached`` tokens in the cache.
 
     Sizes are taken in turn round after round, so that a slow moment of the machine spreads
     over all of them instead of one.
     """
     engine.truncate(0)
-    engine.evaluate(list(words[:CACHED_TOKENS]), 1)
-    engine.evaluate([words[CACHED_TOKENS]], 1)  # warm-up: first-use allocations
+    engine.evaluate(list(words[:cached]), 1)
+    engine.evaluate([words[cached]], 1)  # warm-up: first-use allocations
     samples: dict[int, list[float]] = {size: [] for size in sizes}
     for _ in range(timings):
         for size in sizes:
-            engine.truncate(CACHED_TOKENS)
+            engine.truncate(cached)
             began = time.perf_counter()
-            engine.evaluate(list(words[CACHED_TOKENS : CACHED_TOKENS + size]), size)
+            engine.evaluate(list(words[cached : cached + size]), size)
             samples[size].append(time.perf_counter() - began)
     engine.truncate(0)
     return {size: statistics.median(times) for size, times in samples.items()}
@@ -387,6 +394,10 @@ def pack(folder: Path) -> dict[str, int]:
         with tarfile.open(Path(work) / f"llama_cpp_python-{version}.tar.gz") as archive:
             archive.extractall(work, filter="data")
         source = Path(work) / f"llama_cpp_python-{version}"
+        # Patched and versioned here: the GPU machine may have no git to apply them with.
+        subprocess.run(
+            [str(ROOT / "packaging/llama.cpp/build-wheel"), "--prepare", str(source)], check=True
+        )
         for unbuilt in map(source.joinpath, UNBUILT_PATHS):
             if unbuilt.is_dir():
                 shutil.rmtree(unbuilt)
@@ -411,14 +422,10 @@ def pack(folder: Path) -> dict[str, int]:
 
 
 def build_cuda_wheel(folder: Path, work: Path) -> Path:
-    """Build llama-cpp-python from the carried sdist with the patches, for CUDA; the wheel."""
+    """Build llama-cpp-python for CUDA from the carried sdist (patched by pack); the wheel."""
     with tarfile.open(folder / SDIST_FILE) as archive:
         archive.extractall(work, filter="data")
-    source = next(work.glob("llama_cpp_python-*"))
-    tree = source / "vendor" / "llama.cpp"
-    subprocess.run(
-        [str(ROOT / "packaging/llama.cpp/build-wheel"), "--apply", str(tree)], check=True
-    )
+    source = next(work.glob("llama_cpp_python-*"))  # patched by pack
     arguments = subprocess.run(
         [str(ROOT / "packaging/llama.cpp/cmake-args"), "native", str(work / "cache"), "--cuda",
          sys.executable],
@@ -474,8 +481,14 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             size = write_random_gguf(shapes[role], files[role], seed=len(role))
             result[f"{role}_file"] = {"shapes_of": shapes[role]["file"], "bytes": size}
         sizes = [size for size in BATCH_SIZES if size <= arguments.batch_max]
+        result["cached_tokens"] = arguments.cached_tokens
         result["measured"] = measure_pair(
-            files["main"], files["draft"], arguments.gpu_layers, sizes, arguments.timings
+            files["main"],
+            files["draft"],
+            arguments.gpu_layers,
+            sizes,
+            arguments.timings,
+            arguments.cached_tokens,
         )
     acceptance = json.loads(arguments.acceptance.read_text(encoding="utf-8"))
     result["acceptance_from"] = acceptance["measured_on"]
@@ -498,7 +511,7 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"exact batches up to {main['exact_batch_limit']} tokens (probed to {PROBE_SIZE})")
     costs = main["batch_ms"]
     step = costs["1"]
-    print("main model, a batch of n tokens: ms (in single steps)")
+    print(f"main model, a batch of n tokens after {result['cached_tokens']}: ms (in single steps)")
     print("  " + "  ".join(f"{n}: {ms:.2f} ({ms / step:.2f})" for n, ms in costs.items()))
     draft_ms = measured["draft"]["step_ms"]
     print(f"draft step: {draft_ms:.2f} ms ({draft_ms / step:.0%} of a main step)")
@@ -525,6 +538,9 @@ def main() -> None:
     running.add_argument("--acceptance", type=Path, default=ACCEPTANCE_FILE)
     running.add_argument("--timings", type=int, default=TIMINGS, help="passes a batch size")
     running.add_argument("--batch-max", type=int, default=BATCH_SIZES[-1])
+    running.add_argument(
+        "--cached-tokens", type=int, default=CACHED_TOKENS, help="in the cache when timed"
+    )
     running.add_argument("--json", action="store_true")
     accepting = commands.add_parser("acceptance", help="measure the default pair's acceptance here")
     accepting.add_argument("--draft-max", type=int, default=8)

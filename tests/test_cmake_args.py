@@ -6,6 +6,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,80 @@ def test_a_toolkit_without_cublas_is_passed_over_and_a_failed_fetch_says_so(
         f"cuda-toolkit: pip could not install {SCRIPT.parent}/cuda-requirements.txt"
     )
     assert not (tmp_path / "cache" / "cuda-13.0").exists()
+
+
+def fake_cublas_wheel(site: Path, major: int) -> Path:
+    """NVIDIA's cuBLAS wheel as pip lays it out: nvidia/cu<major>/{include,lib}."""
+    folder = site / "nvidia" / f"cu{major}"
+    (folder / "include").mkdir(parents=True)
+    (folder / "include" / "cublas_v2.h").write_text("/* the wheel's */\n")
+    (folder / "lib").mkdir()
+    (folder / "lib" / f"libcublas.so.{major}").write_text("")
+    return folder
+
+
+def test_a_toolkit_without_cublas_is_joined_with_the_python_s_cublas_wheel(
+    tmp_path: Path,
+) -> None:
+    """nvcc and the runtime from the toolkit, cuBLAS from the Python's wheel of the same CUDA
+    major version (PyTorch brings one): a root of links in the cache joins them, with a stub
+    libcuda that defines the driver's functions; a wheel of another major version is not
+    taken."""
+    if Path("/usr/local/cuda/include/cublas_v2.h").exists():
+        pytest.skip("a complete CUDA toolkit in /usr/local/cuda is taken before any join")
+    if shutil.which("cc") is None or shutil.which("nm") is None:
+        pytest.skip("the stub libcuda needs a C compiler and nm")
+    toolkit = fake_toolkit(tmp_path / "cuda", with_cublas=False)
+    (toolkit / "include" / "cuda_runtime_api.h").write_text("#define CUDART_VERSION 13000\n")
+    (toolkit / "include" / "cuda.h").write_text("int cuMemCreate(void);\nint cuInit(int);\n")
+    (toolkit / "lib64").mkdir()
+    (toolkit / "lib64" / "libcudart.so.13").write_text("")
+    site = tmp_path / "site"
+    wheel = fake_cublas_wheel(site, 13)
+    env = os.environ | {
+        "CUDA_HOME": str(toolkit),
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(site),
+        "PIP_NO_INDEX": "1",
+    }
+    tool = SCRIPT.parent / "cuda-toolkit"
+    cache = tmp_path / "cache"
+    done = subprocess.run(
+        [str(tool), sys.executable, str(cache)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    root = Path(done.stdout.strip())
+    assert root.parent == cache
+    assert root.name.startswith("cuda-joined-")
+    assert (root / "bin" / "nvcc").resolve() == (toolkit / "bin" / "nvcc").resolve()
+    assert (root / "include" / "cuda_runtime.h").resolve() == toolkit / "include/cuda_runtime.h"
+    assert (root / "include" / "cublas_v2.h").resolve() == wheel / "include" / "cublas_v2.h"
+    assert (root / "lib64" / "libcublas.so").resolve() == wheel / "lib" / "libcublas.so.13"
+    assert (root / "lib64" / "libcudart.so").resolve() == toolkit / "lib64" / "libcudart.so.13"
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", str(root / "lib" / "stubs" / "libcuda.so")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert {"cuMemCreate", "cuInit"} <= set(symbols)
+    # Again: the joined root is kept and found as it is.
+    again = subprocess.run(
+        [str(tool), sys.executable, str(cache)], env=env, capture_output=True, text=True
+    )
+    assert again.stdout == done.stdout
+
+    # A CUDA 12 wheel does not join a CUDA 13 compiler: PyPI's toolkit is fetched instead
+    # (here pip may not reach an index, so the one-line error says it could not).
+    shutil.rmtree(site / "nvidia")
+    fake_cublas_wheel(site, 12)
+    other = subprocess.run(
+        [str(tool), sys.executable, str(tmp_path / "cache2")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert other.returncode == 1
+    assert other.stderr.splitlines()[-1] == (
+        f"cuda-toolkit: pip could not install {SCRIPT.parent}/cuda-requirements.txt"
+    )

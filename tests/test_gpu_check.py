@@ -88,7 +88,7 @@ def run_check(smollm_path: Path, env: dict[str, str] | None, *extra: str) -> dic
 def test_the_check_runs_on_this_machine_s_cpu(smollm_path: Path) -> None:
     """``run --cpu``: random models of SmolLM2's shapes, every batch size timed, the probe,
     and a prediction for every suite prompt."""
-    result = run_check(smollm_path, None, "--timings", "1")
+    result = run_check(smollm_path, None, "--timings", "1", "--cached-tokens", "32")
     main, draft = result["measured"]["main"], result["measured"]["draft"]
     assert list(main["batch_ms"]) == [str(n) for n in gpu_check.BATCH_SIZES]
     assert all(ms > 0 for ms in main["batch_ms"].values())
@@ -108,7 +108,9 @@ def test_the_check_on_lavapipe_puts_both_on_the_gpu_and_finds_the_exact_batches(
 ) -> None:
     """On a Vulkan device both random models go fully onto it, and with SpecDeck's Vulkan
     patch batches of up to 8 are exact (the probe goes to 16)."""
-    result = run_check(smollm_path, lavapipe_env(), "--timings", "1", "--batch-max", "4")
+    result = run_check(
+        smollm_path, lavapipe_env(), "--timings", "1", "--batch-max", "4", "--cached-tokens", "16"
+    )
     main, draft = result["measured"]["main"], result["measured"]["draft"]
     assert "layers on GPU (Vulkan0: llvmpipe" in main["placement"]
     assert "layers on GPU (Vulkan0: llvmpipe" in draft["placement"]

@@ -317,6 +317,30 @@ def test_build_wheel_applies_a_patch_that_fits(patch_kit: tuple[Path, Path, str]
     assert "int value_20 = 2000;\n" in (tree / "src" / "kernel.c").read_text()
 
 
+def test_build_wheel_prepares_an_sdist_patched_and_versioned(
+    patch_kit: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    """--prepare: what the build does before pip, for an sdist built elsewhere (the GPU
+    check's): the patches in vendor/llama.cpp and __version__ VERSION+specdeck.DIGEST."""
+    kit, tree, _base = patch_kit
+    sdist = tmp_path / "llama_cpp_python-9.9.9"
+    (sdist / "vendor").mkdir(parents=True)
+    tree.rename(sdist / "vendor" / "llama.cpp")
+    (sdist / "llama_cpp").mkdir()
+    (sdist / "llama_cpp" / "__init__.py").write_text('__version__ = "9.9.9"\n')
+    done = subprocess.run(
+        [str(kit / "packaging" / "llama.cpp" / "build-wheel"), "--prepare", str(sdist)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    kernel = (sdist / "vendor" / "llama.cpp" / "src" / "kernel.c").read_text()
+    assert "int value_20 = 2000;\n" in kernel
+    version = (sdist / "llama_cpp" / "__init__.py").read_text()
+    assert re.fullmatch(r'__version__ = "9\.9\.9\+specdeck\.[0-9a-fp]+"\n', version)
+
+
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
