@@ -43,7 +43,6 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -206,55 +205,35 @@ def measure_pair(
     timings: int,
     cached_tokens: int = CACHED_TOKENS,
 ) -> dict[str, Any]:
-    """Load both (the draft always fully on the GPU), then time and probe them."""
+    """Load both (the draft always fully on the GPU), then time and probe them.
+
+    The batch costs are auto's own calibration (:meth:`BatchCosts.calibrate`: ``timings``
+    interleaved rounds, medians, outliers dropped), after ``cached_tokens`` in the cache.
+    """
     from backends.engines.interface import probe_exact_batch_limit
     from backends.engines.llama import LlamaEngine, LlamaLoadSettings
+    from backends.speculation.estimates import BatchCosts
 
     settings = LlamaLoadSettings(n_ctx=1024, gpu_layers=gpu_layers, probe_exact_batch=False)
     with LlamaEngine(main, settings) as engine:
         report = engine.load_report
-        vocab = engine.vocab.n_vocab
-        rng = np.random.default_rng(1)
-        words = [int(w) for w in rng.integers(100, min(vocab, 30000), size=cached_tokens + 40)]
         limit = probe_exact_batch_limit(engine, PROBE_SIZE, PROBE_SIZE)
-        costs = batch_seconds(engine, words, sizes, timings, cached_tokens)
+        costs = BatchCosts.calibrate(engine, sizes, timings, context=cached_tokens)
         main_facts = {
             "placement": report.placement,
             "backend": report.backend_in_use,
             "exact_batch_limit": limit,
-            "batch_ms": {str(size): round(1000 * s, 3) for size, s in costs.items()},
+            "batch_ms": {str(size): 1000 * s for size, s in sorted(costs.seconds.items())},
         }
     with LlamaEngine(draft, settings, is_draft=True) as engine:
         report = engine.load_report
-        draft_costs = batch_seconds(engine, words, (1,), timings, cached_tokens)
+        step = BatchCosts.calibrate(engine, (1,), timings, context=cached_tokens).cost(1)
         draft_facts = {
             "placement": report.placement,
             "backend": report.backend_in_use,
-            "step_ms": round(1000 * draft_costs[1], 3),
+            "step_ms": 1000 * step,
         }
     return {"main": main_facts, "draft": draft_facts}
-
-
-def batch_seconds(
-    engine: Any, words: Sequence[int], sizes: Sequence[int], timings: int, cached: int
-) -> dict[int, float]:
-    """The median seconds of a batch of each size after ``cached`` tokens in the cache.
-
-    Sizes are taken in turn round after round, so that a slow moment of the machine spreads
-    over all of them instead of one.
-    """
-    engine.truncate(0)
-    engine.evaluate(list(words[:cached]), 1)
-    engine.evaluate([words[cached]], 1)  # warm-up: first-use allocations
-    samples: dict[int, list[float]] = {size: [] for size in sizes}
-    for _ in range(timings):
-        for size in sizes:
-            engine.truncate(cached)
-            began = time.perf_counter()
-            engine.evaluate(list(words[cached : cached + size]), size)
-            samples[size].append(time.perf_counter() - began)
-    engine.truncate(0)
-    return {size: statistics.median(times) for size, times in samples.items()}
 
 
 # --- predicting -----------------------------------------------------------------------------
@@ -312,15 +291,11 @@ def predict(measured: dict[str, Any], acceptance: dict[str, Any]) -> list[dict[s
 
 
 def verify_cost_from(batch_ms: dict[int, float]) -> Callable[[int], float]:
-    """Evaluating n tokens in main model steps, from measured batch costs (the nearest above)."""
-    step = batch_ms[1]
-    sizes = sorted(batch_ms)
+    """Evaluating n tokens in main model steps, from measured batch costs (interpolated)."""
+    from backends.speculation.estimates import BatchCosts
 
-    def cost(rows: int) -> float:
-        size = next((s for s in sizes if s >= rows), sizes[-1])
-        return batch_ms[size] / step * (rows / size if rows > size else 1.0)
-
-    return cost
+    costs = BatchCosts(seconds={size: ms / 1000 for size, ms in batch_ms.items()})
+    return lambda rows: costs.cost(rows) / costs.cost(1)
 
 
 def measure_acceptance(draft_max: int) -> dict[str, Any]:

@@ -22,10 +22,21 @@ pytestmark = pytest.mark.skipif(
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdeck"
 
 
-def cmake_args(kind: str, flags: str) -> tuple[set[str], str]:
-    env = os.environ | {"SPECDECK_CPU_FLAGS": flags}
+def cmake_args(
+    kind: str,
+    flags: str,
+    *options: str,
+    cache: Path = CACHE,
+    env: dict[str, str] | None = None,
+) -> tuple[set[str], str]:
+    """cmake-args' arguments for a CPU of these flags (and its one-line notes on stderr)."""
+    env = os.environ | {"SPECDECK_CPU_FLAGS": flags} | (env or {})
     done = subprocess.run(
-        [str(SCRIPT), kind, str(CACHE)], env=env, capture_output=True, text=True, check=True
+        [str(SCRIPT), kind, str(cache), *options],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return set(done.stdout.split()), done.stderr
 
@@ -80,15 +91,10 @@ def test_cuda_takes_an_installed_toolkit_the_gpu_s_architecture_and_no_vulkan(
 ) -> None:
     """--cuda: CUDA_HOME's toolkit when it has nvcc and cuBLAS, and never Vulkan beside it."""
     toolkit = fake_toolkit(tmp_path / "cuda", with_cublas=True)
-    env = os.environ | {"SPECDECK_CPU_FLAGS": ZEN4, "CUDA_HOME": str(toolkit)}
-    done = subprocess.run(
-        [str(SCRIPT), "native", str(tmp_path / "cache"), "--cuda", "python3"],
-        env=env | {"SPECDECK_CUDA_ARCHS": "90;120a-real"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    args = set(done.stdout.split())
+    cuda = ("--cuda", "python3")
+    cache = tmp_path / "cache"
+    env = {"CUDA_HOME": str(toolkit), "SPECDECK_CUDA_ARCHS": "90;120a-real"}
+    args, _ = cmake_args("native", ZEN4, *cuda, cache=cache, env=env)
     assert {"-DGGML_CUDA=ON", "-DGGML_BACKEND_DL=ON", "-DGGML_AVX512=ON"} <= args
     assert f"-DCUDAToolkit_ROOT={toolkit}" in args
     assert f"-DCMAKE_CUDA_COMPILER={toolkit}/bin/nvcc" in args
@@ -97,14 +103,9 @@ def test_cuda_takes_an_installed_toolkit_the_gpu_s_architecture_and_no_vulkan(
     if shutil.which("nvidia-smi", path="/usr/bin:/bin"):
         return  # a GPU here names its architecture
     # Without a GPU (no nvidia-smi) nor the variable: llama.cpp's own list of architectures.
-    done = subprocess.run(
-        [str(SCRIPT), "native", str(tmp_path / "cache"), "--cuda", "python3"],
-        env=env | {"PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert not any(arg.startswith("-DCMAKE_CUDA_ARCHITECTURES") for arg in done.stdout.split())
+    env = {"CUDA_HOME": str(toolkit), "PATH": "/usr/bin:/bin"}
+    args, _ = cmake_args("native", ZEN4, *cuda, cache=cache, env=env)
+    assert not any(arg.startswith("-DCMAKE_CUDA_ARCHITECTURES") for arg in args)
 
 
 def test_a_toolkit_without_cublas_is_passed_over_and_a_failed_fetch_says_so(

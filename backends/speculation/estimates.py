@@ -109,8 +109,9 @@ class BatchCosts:
         engine: ModelEngine,
         sizes: Sequence[int] = CALIBRATION_SIZES,
         rounds: int = CALIBRATION_ROUNDS,
+        context: int = 16,
     ) -> BatchCosts:
-        """Time the engine on each batch size after a short context; leaves its cache empty.
+        """Time the engine on each batch size after ``context`` tokens; leaves its cache empty.
 
         One untimed pass of the largest size pages the weights in; then ``rounds`` rounds
         time every size once each, in an order that rotates from round to round (so that a
@@ -118,21 +119,22 @@ class BatchCosts:
         the median of its timings once those above :data:`OUTLIER_RATIO` times their median
         are dropped.
         """
+        line = "def measure(batch):\n    return sum(x * x for x in batch)  # calibration\n"
         tokens = engine.tokenize(
-            "def measure(batch):\n    return sum(x * x for x in batch)  # calibration\n" * 8,
+            line * (8 + (context + max(sizes)) // 8),  # a line is more than 8 tokens
             add_special=False,
             parse_special=False,
         )
-        limit = min(max(sizes), len(tokens) - 16, engine.n_ctx - 17)
+        limit = min(max(sizes), len(tokens) - context, engine.n_ctx - context - 1)
         sizes = [size for size in sizes if size <= limit] or [1]
-        prefix = tokens[:16]
+        prefix = tokens[:context]
         engine.truncate(0)
         engine.evaluate(prefix, 1)
 
         def timed(size: int) -> float:
             engine.truncate(len(prefix))
             started = time.perf_counter()
-            engine.evaluate(tokens[16 : 16 + size], size)
+            engine.evaluate(tokens[context : context + size], size)
             return time.perf_counter() - started
 
         timed(max(sizes))
