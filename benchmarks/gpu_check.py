@@ -48,7 +48,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,20 +92,38 @@ BATCH_SIZES = tuple(range(1, 17)) + (20, 24, 28, 32)
 PROBE_SIZE = 16
 CACHED_TOKENS = 256  # the batches are timed after this many tokens in the cache (by default)
 TIMINGS = 5  # a batch size's cost: the median of this many passes
-# Scales of random quantized blocks: small enough that 1.5B random layers stay finite.
-BLOCK_SCALE = 0.002
-# Where each quantized type keeps its float16 scales in a block (byte offsets; ggml-common.h).
-_SCALE_OFFSETS: dict[str, tuple[int, ...]] = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q8_0": (0,),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
+# Random weights get about this spread, as in trained layers: a 1.5B model's residual stream
+# then stays far inside float16's range, which a GPU's kernels may use.
+WEIGHT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class RandomBlocks:
+    """How random bits become valid blocks of one quantized type (ggml-common.h's layouts).
+
+    A block's weights are ``d * sub_scale * q``, less a minimum in some types. ``d_offset``
+    is where the float16 ``d`` sits and ``spread`` the spread of the rest over random bits
+    (minimum included), so that ``d = WEIGHT_STD / spread``. A type with a minimum keeps it at
+    ``min_offset``, set to ``min_per_d * d``, which centres the weights on zero.
+    """
+
+    d_offset: int
+    spread: float
+    min_offset: int | None = None
+    min_per_d: float = 0.0
+
+
+_RANDOM_BLOCKS: dict[str, RandomBlocks] = {
+    "Q4_0": RandomBlocks(0, 4.6),  # d * (q - 8), q in 0..15
+    "Q4_1": RandomBlocks(0, 4.6, 2, -7.5),  # d * q + m
+    "Q5_0": RandomBlocks(0, 9.2),  # d * (q - 16), q in 0..31
+    "Q5_1": RandomBlocks(0, 9.2, 2, -15.5),
+    "Q8_0": RandomBlocks(0, 74.0),  # d * q, q an int8
+    "Q2_K": RandomBlocks(80, 13.9, 82, 1.5),  # d * scale * q - dmin * min, 4-bit scales, q 0..3
+    "Q3_K": RandomBlocks(108, 42.0),  # d * (scale - 32) * (q - 4), 6-bit scales, q 0..7
+    "Q4_K": RandomBlocks(0, 260.0, 2, 7.5),  # 6-bit scales and mins, q 0..15
+    "Q5_K": RandomBlocks(0, 527.0, 2, 15.5),  # 6-bit scales and mins, q 0..31
+    "Q6_K": RandomBlocks(208, 1370.0),  # d * scale * (q - 32), int8 scales, q 0..63
 }
 
 
@@ -153,9 +171,10 @@ def _plain(value: Any) -> Any:
 def write_random_gguf(shapes: dict[str, Any], path: Path, seed: int = 0) -> int:
     """Write a GGUF file of ``shapes`` with random weights; its size in bytes.
 
-    Float tensors get small normal values (norms 1.0); a quantized tensor gets random bits
-    with every block's float16 scales set to :data:`BLOCK_SCALE`, so each type's kernels
-    run on valid blocks. A type without known scale offsets stops with its name.
+    Float tensors get normal values of spread :data:`WEIGHT_STD` (norms 1.0); a quantized
+    tensor gets random bits with every block's scales (and minimum) set so that its weights
+    have about that spread around zero (:data:`_RANDOM_BLOCKS`), so each type's kernels run
+    on valid blocks. A type without a known layout stops with its name.
     """
     import gguf
 
@@ -173,18 +192,15 @@ def write_random_gguf(shapes: dict[str, Any], path: Path, seed: int = 0) -> int:
             if name.endswith("norm.weight"):
                 values = np.ones(tuple(reversed(ne)), dtype=dtype)
             else:
-                values = (rng.standard_normal(tuple(reversed(ne))) * 0.02).astype(dtype)
+                values = (rng.standard_normal(tuple(reversed(ne))) * WEIGHT_STD).astype(dtype)
             writer.add_tensor(name, values)
             continue
-        if type_name not in _SCALE_OFFSETS:
-            raise ValueError(f"gpu_check cannot write random {type_name} blocks ({name})")
-        block_values, block_bytes = gguf.GGML_QUANT_SIZES[quant]
-        blocks = math.prod(ne) // block_values
-        data = rng.integers(0, 256, size=(blocks, block_bytes), dtype=np.uint8)
-        scale = np.frombuffer(np.float16(BLOCK_SCALE).tobytes(), dtype=np.uint8)
-        for offset in _SCALE_OFFSETS[type_name]:
-            data[:, offset : offset + 2] = scale
-        row_bytes = ne[0] // block_values * block_bytes
+        block_values = gguf.GGML_QUANT_SIZES[quant][0]
+        try:
+            data = random_blocks(type_name, math.prod(ne) // block_values, rng)
+        except ValueError as error:
+            raise ValueError(f"{error} ({name})") from None
+        row_bytes = ne[0] // block_values * data.shape[1]
         byte_shape = (*reversed(ne[1:]), row_bytes)
         writer.add_tensor(name, data.reshape(byte_shape), raw_dtype=quant)
     writer.write_header_to_file()
@@ -192,6 +208,29 @@ def write_random_gguf(shapes: dict[str, Any], path: Path, seed: int = 0) -> int:
     writer.write_tensors_to_file()
     writer.close()
     return path.stat().st_size
+
+
+def random_blocks(type_name: str, blocks: int, rng: np.random.Generator) -> np.ndarray:
+    """``blocks`` random blocks of a quantized type, one row of bytes each.
+
+    Their weights have a spread of about :data:`WEIGHT_STD` around zero.
+    """
+    import gguf
+
+    layout = _RANDOM_BLOCKS.get(type_name)
+    if layout is None:
+        raise ValueError(f"gpu_check cannot write random {type_name} blocks")
+    block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]][1]
+    data = rng.integers(0, 256, size=(blocks, block_bytes), dtype=np.uint8)
+    d = WEIGHT_STD / layout.spread
+    data[:, layout.d_offset : layout.d_offset + 2] = _float16_bytes(d)
+    if layout.min_offset is not None:
+        data[:, layout.min_offset : layout.min_offset + 2] = _float16_bytes(layout.min_per_d * d)
+    return data
+
+
+def _float16_bytes(value: float) -> np.ndarray:
+    return np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
 
 
 # --- measuring ------------------------------------------------------------------------------

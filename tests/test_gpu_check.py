@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from backends.engines.llama import LlamaEngine, LlamaLoadSettings
@@ -33,9 +34,23 @@ def test_a_random_model_has_the_real_one_s_shapes_types_and_metadata(
     assert abs(size - smollm_path.stat().st_size) < 0.01 * size
     settings = LlamaLoadSettings(n_ctx=256, probe_exact_batch=False)
     with LlamaEngine(written, settings) as engine:
-        rows = engine.evaluate([1, 2, 3], 2)
+        rows = engine.evaluate([1, 2, 3], 2).copy()  # valid only until the engine closes
     assert rows.shape[0] == 2
-    assert all(float(abs(row).max()) < 1e30 for row in rows)
+    assert np.isfinite(rows).all(), "non-finite logits"
+    assert 0.1 < float(np.abs(rows).max()) < 1e3, f"largest logit {np.abs(rows).max()}"
+
+
+@pytest.mark.parametrize("type_name", sorted(gpu_check._RANDOM_BLOCKS))
+def test_random_blocks_are_weights_of_a_trained_layer_s_spread(type_name: str) -> None:
+    """Each type's random blocks decode (gguf's own dequantization) to weights centred on
+    zero with about WEIGHT_STD of spread: a random model's activations stay where a real
+    one's are, inside float16's range on any device."""
+    import gguf
+
+    data = gpu_check.random_blocks(type_name, 2048, np.random.default_rng(1))
+    weights = gguf.quants.dequantize(data, gguf.GGMLQuantizationType[type_name])
+    assert abs(float(weights.mean())) < 0.15 * gpu_check.WEIGHT_STD
+    assert 0.8 < float(weights.std()) / gpu_check.WEIGHT_STD < 1.25
 
 
 def test_a_block_type_it_cannot_fill_stops_with_its_name(tmp_path: Path) -> None:
