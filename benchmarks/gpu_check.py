@@ -257,7 +257,9 @@ def measure_pair(
     with LlamaEngine(main, settings) as engine:
         report = engine.load_report
         limit = probe_exact_batch_limit(engine, PROBE_SIZE, PROBE_SIZE)
-        costs = BatchCosts.calibrate(engine, sizes, timings, context=cached_tokens)
+        costs = BatchCosts.calibrate(
+            engine, sizes, timings, context=cached_tokens, budget_seconds=None
+        )
         main_facts = {
             "placement": report.placement,
             "backend": report.backend_in_use,

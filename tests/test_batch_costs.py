@@ -9,9 +9,11 @@ import pytest
 
 from backends.speculation.estimates import (
     CALIBRATION_ROUNDS,
+    CALIBRATION_SIZES,
     OUTLIER_RATIO,
     BatchCosts,
     ceiling_line,
+    sizes_within_budget,
     speedup_ceiling,
 )
 
@@ -68,10 +70,12 @@ def test_calibration_interleaves_its_rounds_and_drops_a_stolen_slice(
 ) -> None:
     sizes = (1, 2, 4)
     clean = BatchCosts.calibrate(smollm_target, sizes)
-    # Pass 1 reads the prefix, pass 2 pages the weights in; pass 4 is round 1's size 2.
-    recorded = _Recorded(smollm_target, slow_pass=4, slow_seconds=0.5)
+    # Pass 1 reads the prefix, pass 2 pages the weights in, pass 3 times a single step for
+    # the budget; pass 5 is round 1's size 2.
+    recorded = _Recorded(smollm_target, slow_pass=5, slow_seconds=0.5)
     noisy = BatchCosts.calibrate(recorded, sizes)
-    timed = recorded.sizes[2:]
+    assert recorded.sizes[:3] == [16, 4, 1]
+    timed = recorded.sizes[3:]
     assert len(timed) == CALIBRATION_ROUNDS * len(sizes)
     rounds = [timed[i : i + len(sizes)] for i in range(0, len(timed), len(sizes))]
     assert rounds[:3] == [[1, 2, 4], [2, 4, 1], [4, 1, 2]]  # each round starts elsewhere
@@ -101,3 +105,45 @@ def test_the_ceiling_is_the_best_round_at_full_acceptance() -> None:
     flat = speedup_ceiling(lambda rows: 1.0, 0.4)
     assert flat == pytest.approx(17 / (16 * 0.4 + 1))
     assert ceiling_line(BatchCosts(), None) is None
+
+
+def test_a_budget_cuts_rounds_first_then_sizes() -> None:
+    # Estimated on the line from 1 s (size 1) to 4 s (size 4): a round of 1, 2, 4 takes 7 s.
+    assert sizes_within_budget((1, 2, 4), 3, 1.0, 4.0, 30.0) == ([1, 2, 4], 3)
+    assert sizes_within_budget((1, 2, 4), 3, 1.0, 4.0, 15.0) == ([1, 2, 4], 2)
+    assert sizes_within_budget((1, 2, 4), 3, 1.0, 4.0, 7.0) == ([1, 2, 4], 1)
+    assert sizes_within_budget((1, 2, 4), 3, 1.0, 4.0, 6.0) == ([1, 4], 1)
+    assert sizes_within_budget((1, 2, 4), 3, 1.0, 4.0, 1.0) == ([1, 4], 1)  # never fewer
+    # The default sizes on a device where 16 tokens cost 16 steps: 4 and 8 before 2.
+    assert sizes_within_budget(CALIBRATION_SIZES, 3, 1.0, 16.0, 30.0) == ([1, 4, 8, 16], 1)
+
+
+class _SlowDevice(_Recorded):
+    """A real engine on a pretend slow device: every token of a pass costs 0.1 s more."""
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int) -> Any:
+        self.sizes.append(len(tokens))
+        time.sleep(0.1 * len(tokens))
+        return self.engine.evaluate(tokens, n_logits)
+
+
+def test_a_slow_device_is_calibrated_within_the_budget_and_says_so(
+    smollm_target: LlamaEngine,
+) -> None:
+    slow = _SlowDevice(smollm_target, slow_pass=0, slow_seconds=0.0)
+    costs = BatchCosts.calibrate(slow, CALIBRATION_SIZES, budget_seconds=2.1)
+    # The context (16 tokens) is read; the warm-up (16) and the single step judge a round of
+    # every size at about 5.3 s: one round of 1, 16 and 2 (1.96 s estimated) fits, 4 more
+    # would not.
+    assert slow.sizes == [16, 16, 1, 1, 2, 16]
+    assert sorted(costs.seconds) == [1, 2, 16]
+    assert costs.rounds == 1
+    assert costs.cut_to_budget == 2.1
+    assert costs.sureness() == (
+        "one timing per batch size, its spread unknown; "
+        "3 batch sizes to keep within 2 s on a slow device"
+    )
+    assert costs.cost(8) == pytest.approx(0.8, rel=0.15)  # interpolated between 2 and 16
+    unlimited = BatchCosts.calibrate(smollm_target, (1, 2, 4))
+    assert unlimited.cut_to_budget is None
+    assert "slow device" not in unlimited.sureness()

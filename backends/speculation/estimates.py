@@ -51,6 +51,14 @@ COST_SMOOTHING = 0.25  # weight of a new timing in a batch size's moving average
 # clipped there before they are folded in).
 CALIBRATION_ROUNDS = 3
 OUTLIER_RATIO = 1.5
+# What a model's calibration at load may take. On a CPU it takes far less (the default pair's
+# main model, 3 rounds: about 4 s on a 2-core AVX2 machine); on a slow device (lavapipe, a
+# software GPU: SmolLM2's 16-token batch took 3.9 s on AMD EPYC (without AMX), 2 cores,
+# 2026-12-06) fewer rounds, then fewer sizes, keep a load from taking minutes. Generation's
+# own passes refine the estimates afterwards.
+CALIBRATION_BUDGET_SECONDS = 10.0
+# The sizes kept, in this order, when not all fit in the budget (the smallest and largest always).
+BUDGET_SIZE_PREFERENCE = (1, 16, 4, 8, 2, 12, 6, 3)
 # The draft lengths the ceiling ("every drafted token accepted") is searched over.
 CEILING_DRAFT_LENGTHS = range(1, 17)
 ACCEPTANCE_DECAY = 0.98  # older rounds count for less: the text changes as it goes
@@ -87,6 +95,33 @@ def expected_tokens(reach: Sequence[float], given: Sequence[float] | None = None
     return expected
 
 
+def sizes_within_budget(
+    sizes: Sequence[int], rounds: int, single: float, largest: float, budget: float
+) -> tuple[list[int], int]:
+    """The batch sizes and rounds a calibration keeps to take about ``budget`` seconds at most.
+
+    A size's time is estimated on the line from the smallest size's (``single`` seconds) to
+    the largest's (``largest``). Rounds go first, down to one; then sizes, kept in the order
+    of :data:`BUDGET_SIZE_PREFERENCE` while they fit (the smallest and the largest always).
+    """
+    smallest, top = min(sizes), max(sizes)
+
+    def estimate(size: int) -> float:
+        return single + (largest - single) * (size - smallest) / max(1, top - smallest)
+
+    round_seconds = sum(estimate(size) for size in sizes)
+    if round_seconds * rounds <= budget:
+        return list(sizes), rounds
+    if round_seconds <= budget:
+        return list(sizes), max(1, int(budget // round_seconds))
+    kept = sorted({smallest, top})
+    preference = [size for size in BUDGET_SIZE_PREFERENCE if size in sizes]
+    for size in [*preference, *(size for size in sizes if size not in preference)]:
+        if size not in kept and sum(estimate(k) for k in (*kept, size)) <= budget:
+            kept.append(size)
+    return sorted(kept), 1
+
+
 @dataclass
 class BatchCosts:
     """Seconds to evaluate a batch of ``b`` tokens (with logits for each), by ``b``.
@@ -102,6 +137,7 @@ class BatchCosts:
     rounds: int = 0  # interleaved calibration rounds behind the estimate (0: not calibrated)
     dropped: int = 0
     clipped: int = 0
+    cut_to_budget: float | None = None  # the budget (s) that cut its rounds or sizes, if one did
 
     @classmethod
     def calibrate(
@@ -110,6 +146,7 @@ class BatchCosts:
         sizes: Sequence[int] = CALIBRATION_SIZES,
         rounds: int = CALIBRATION_ROUNDS,
         context: int = 16,
+        budget_seconds: float | None = CALIBRATION_BUDGET_SECONDS,
     ) -> BatchCosts:
         """Time the engine on each batch size after ``context`` tokens; leaves its cache empty.
 
@@ -117,7 +154,9 @@ class BatchCosts:
         time every size once each, in an order that rotates from round to round (so that a
         burst of a neighbour's load lands on different sizes), and each size's estimate is
         the median of its timings once those above :data:`OUTLIER_RATIO` times their median
-        are dropped.
+        are dropped. Where that would take longer than ``budget_seconds`` (judged from the
+        warm-up pass and one single step), fewer rounds are run, and then fewer sizes
+        (:func:`sizes_within_budget`); None: no budget.
         """
         line = "def measure(batch):\n    return sum(x * x for x in batch)  # calibration\n"
         tokens = engine.tokenize(
@@ -137,15 +176,22 @@ class BatchCosts:
             engine.evaluate(tokens[context : context + size], size)
             return time.perf_counter() - started
 
-        timed(max(sizes))
-        timings: dict[int, list[float]] = {size: [] for size in sizes}
+        largest = timed(max(sizes))
         rounds = max(1, rounds)
+        cut = False
+        if budget_seconds is not None and len(sizes) > 1:
+            single = timed(min(sizes))
+            kept, kept_rounds = sizes_within_budget(sizes, rounds, single, largest, budget_seconds)
+            cut = (kept, kept_rounds) != (sizes, rounds)
+            sizes, rounds = kept, kept_rounds
+        timings: dict[int, list[float]] = {size: [] for size in sizes}
         for round_index in range(rounds):
             shift = round_index % len(sizes)
             for size in [*sizes[shift:], *sizes[:shift]]:
                 timings[size].append(timed(size))
         engine.truncate(0)
         costs = cls.from_timings(timings)
+        costs.cut_to_budget = budget_seconds if cut else None
         log.info("%s: %s", engine.name, costs.describe())
         return costs
 
@@ -175,10 +221,19 @@ class BatchCosts:
         """How sure the calibration is ("median of 3 interleaved rounds, within ±4%")."""
         if self.rounds == 0:
             return "not calibrated"
-        spread = max(self.spread.values(), default=0.0)
-        said = f"median of {self.rounds} interleaved rounds, within ±{spread:.0%}"
+        if self.rounds == 1:
+            said = "one timing per batch size, its spread unknown"
+        else:
+            spread = max(self.spread.values(), default=0.0)
+            said = f"median of {self.rounds} interleaved rounds, within ±{spread:.0%}"
         if self.dropped:
             said += f", {self.dropped} outlier{'s' if self.dropped != 1 else ''} dropped"
+        if self.cut_to_budget is not None:
+            sizes = len(self.seconds)
+            said += (
+                f"; {sizes} batch size{'s' if sizes != 1 else ''} to keep within "
+                f"{self.cut_to_budget:.0f} s on a slow device"
+            )
         return said
 
     def table_ms(self) -> dict[str, float]:
@@ -188,7 +243,12 @@ class BatchCosts:
     def snapshot(self) -> BatchCosts:
         """A copy that generation's updates will not move."""
         return BatchCosts(
-            dict(self.seconds), dict(self.spread), self.rounds, self.dropped, self.clipped
+            dict(self.seconds),
+            dict(self.spread),
+            self.rounds,
+            self.dropped,
+            self.clipped,
+            self.cut_to_budget,
         )
 
     def cost(self, size: int) -> float:
