@@ -199,6 +199,42 @@ def test_exactness_on_vulkan_comes_from_the_patch(smollm_path: Path) -> None:
     assert stock["exact"] == 1
 
 
+# Loads SmolLM2 as a main model on every layer of the GPU and prints the exactness probes
+# it ran (batch sizes probed, the limit assumed when all are exact) and the limit found.
+_PROBES = """
+import json, sys
+import backends.engines.llama as llama
+probes = []
+probe = llama.probe_exact_batch_limit
+def recorded(engine, size, ceiling):
+    probes.append([size, ceiling])
+    return probe(engine, size, ceiling)
+llama.probe_exact_batch_limit = recorded
+settings = llama.LlamaLoadSettings(n_ctx=512, gpu_layers=-1)
+with llama.LlamaEngine(sys.argv[1], settings) as engine:
+    print(json.dumps({"probes": probes, "exact": engine.exact_batch_limit}))
+"""
+
+
+@needs_lavapipe
+@pytest.mark.heavy
+def test_the_probe_on_vulkan_stops_one_size_past_the_patch_s_limit(smollm_path: Path) -> None:
+    """Batches past GGML_VK_EXACT_BATCH take other shaders: the probe tries one size more
+    (a single step of the probe costs 0.41 s on lavapipe) and promises only what it saw."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBES, str(smollm_path)],
+        env=lavapipe_env(GGML_VK_EXACT_BATCH="3"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["probes"] == [[4, 4]]
+    assert result["exact"] == 3
+
+
 @needs_lavapipe
 @pytest.mark.heavy
 def test_without_a_vulkan_device_it_runs_on_the_cpu_and_says_why(smollm_path: Path) -> None:

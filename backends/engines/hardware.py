@@ -199,6 +199,18 @@ def _backend_name(devices: tuple[ComputeDevice, ...], system_info: str) -> str:
     return "CPU"
 
 
+def vulkan_exact_batch() -> int:
+    """The batch size up to which Vulkan takes a single step's shaders: the patch's variable.
+
+    0: llama.cpp's own choices. The device reads at most 8 of it; a value that is not a
+    number reads as 0 here, so the exactness probe then promises less, never more.
+    """
+    try:
+        return max(0, int(os.environ.get(VULKAN_EXACT_BATCH_ENV, str(VULKAN_EXACT_BATCH))))
+    except ValueError:
+        return 0
+
+
 @functools.cache
 def load_ggml_backends() -> int:
     """Register ggml's backends if the build keeps them in separate libraries; their count.

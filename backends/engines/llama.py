@@ -24,6 +24,7 @@ from backends.engines.hardware import (
     gpu_free_memory,
     llama_build_info,
     physical_cores,
+    vulkan_exact_batch,
 )
 from backends.engines.interface import (
     DEFAULT_CONTEXT_SIZE,
@@ -218,6 +219,7 @@ class LlamaEngine(EngineBase):
         layer_placement: tuple[tuple[str, int], ...] = ()
         layer_devices = native.take_layer_devices()
         gpu_device = ""
+        on_gpu: list[str] = []
         if worker_addresses:
             layer_placement = self._layer_placement(layer_devices, n_layers)
             offloaded = sum(count for where, count in layer_placement if where != LOCAL_CPU_PLACE)
@@ -228,7 +230,7 @@ class LlamaEngine(EngineBase):
             offloaded = len(on_gpu)
             gpu_device = gpu_device_label(build, on_gpu[0]) if on_gpu else ""
         if self.settings.probe_exact_batch and not is_draft:
-            self._probe_exactness()
+            self._probe_exactness(on_vulkan=any(d.startswith("Vulkan") for d in on_gpu))
         self._finish_load(
             started,
             backend=build.backend_label,
@@ -388,20 +390,27 @@ class LlamaEngine(EngineBase):
             self._batch.n_seq_id[index] = 1
             self._batch.seq_id[index][0] = 0
 
-    def _probe_exactness(self) -> None:
+    def _probe_exactness(self, *, on_vulkan: bool = False) -> None:
         """How many rows a batch computes exactly as one at a time, and siblings with them.
 
         This is the first forward pass, where a broken CPU kernel crashes: the checkpoint
-        lets the load guard tell that crash from others.
+        lets the load guard tell that crash from others. With layers on Vulkan, batches
+        above :func:`vulkan_exact_batch` take other shaders, so the probe goes one size past
+        it and no further (on a slow device each single step of the probe is dear: 0.41 s
+        on lavapipe), and promises no more than it saw.
         """
         checkpoint("main-probe", self.path, safe=self.settings.risky == SAFEST)
         ceiling = min(self._n_batch, exact_batch_ceiling())
+        probe_size = _PROBE_MAX_BATCH
+        if on_vulkan and vulkan_exact_batch() + 1 < _PROBE_MAX_BATCH:
+            probe_size = max(2, vulkan_exact_batch() + 1)
+            ceiling = min(ceiling, probe_size)
         if self._sequences > 1:
             self._exact_batch_limit, self._exact_siblings = probe_exact_batches_and_siblings(
-                self, _PROBE_MAX_BATCH, ceiling
+                self, probe_size, ceiling
             )
         else:
-            self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, ceiling)
+            self._exact_batch_limit = probe_exact_batch_limit(self, probe_size, ceiling)
 
     # -- workers ---------------------------------------------------------------------------
 
