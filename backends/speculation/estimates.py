@@ -155,8 +155,8 @@ class BatchCosts:
         burst of a neighbour's load lands on different sizes), and each size's estimate is
         the median of its timings once those above :data:`OUTLIER_RATIO` times their median
         are dropped. Where that would take longer than ``budget_seconds`` (judged from the
-        warm-up pass and one single step), fewer rounds are run, and then fewer sizes
-        (:func:`sizes_within_budget`); None: no budget.
+        warm-up pass and, where it could, one single step), fewer rounds are run, and then
+        fewer sizes (:func:`sizes_within_budget`); None: no budget.
         """
         line = "def measure(batch):\n    return sum(x * x for x in batch)  # calibration\n"
         tokens = engine.tokenize(
@@ -179,7 +179,9 @@ class BatchCosts:
         largest = timed(max(sizes))
         rounds = max(1, rounds)
         cut = False
-        if budget_seconds is not None and len(sizes) > 1:
+        # Only where every size at the largest's time could overrun the budget (a slow
+        # device) does a single step more tell what a round really costs.
+        if budget_seconds is not None and largest * len(sizes) * rounds > budget_seconds:
             single = timed(min(sizes))
             kept, kept_rounds = sizes_within_budget(sizes, rounds, single, largest, budget_seconds)
             cut = (kept, kept_rounds) != (sizes, rounds)
