@@ -243,11 +243,13 @@ def measure_pair(
     sizes: Sequence[int],
     timings: int,
     cached_tokens: int = CACHED_TOKENS,
+    probe_size: int = PROBE_SIZE,
 ) -> dict[str, Any]:
     """Load both (the draft always fully on the GPU), then time and probe them.
 
-    The batch costs are auto's own calibration (:meth:`BatchCosts.calibrate`: ``timings``
-    interleaved rounds, medians, outliers dropped), after ``cached_tokens`` in the cache.
+    The probe tries batches of 2 .. ``probe_size``. The batch costs are auto's own
+    calibration (:meth:`BatchCosts.calibrate`: ``timings`` interleaved rounds, medians,
+    outliers dropped), after ``cached_tokens`` in the cache.
     """
     from backends.engines.interface import probe_exact_batch_limit
     from backends.engines.llama import LlamaEngine, LlamaLoadSettings
@@ -256,7 +258,7 @@ def measure_pair(
     settings = LlamaLoadSettings(n_ctx=1024, gpu_layers=gpu_layers, probe_exact_batch=False)
     with LlamaEngine(main, settings) as engine:
         report = engine.load_report
-        limit = probe_exact_batch_limit(engine, PROBE_SIZE, PROBE_SIZE)
+        limit = probe_exact_batch_limit(engine, probe_size, probe_size)
         costs = BatchCosts.calibrate(
             engine, sizes, timings, context=cached_tokens, budget_seconds=None
         )
@@ -264,6 +266,7 @@ def measure_pair(
             "placement": report.placement,
             "backend": report.backend_in_use,
             "exact_batch_limit": limit,
+            "probed_to": probe_size,
             "batch_ms": {str(size): 1000 * s for size, s in sorted(costs.seconds.items())},
         }
     with LlamaEngine(draft, settings, is_draft=True) as engine:
@@ -505,6 +508,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             sizes,
             arguments.timings,
             arguments.cached_tokens,
+            arguments.probe_max,
         )
     acceptance = json.loads(arguments.acceptance.read_text(encoding="utf-8"))
     result["acceptance_from"] = acceptance["measured_on"]
@@ -524,7 +528,7 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"{role}: random weights shaped as {made['shapes_of']} ({megabytes:.0f} MB)")
         print(f"  {facts['placement']}")
     main = measured["main"]
-    print(f"exact batches up to {main['exact_batch_limit']} tokens (probed to {PROBE_SIZE})")
+    print(f"exact batches up to {main['exact_batch_limit']} tokens (probed to {main['probed_to']})")
     costs = main["batch_ms"]
     step = costs["1"]
     print(f"main model, a batch of n tokens after {result['cached_tokens']}: ms (in single steps)")
@@ -555,6 +559,9 @@ def main() -> None:
     running.add_argument("--timings", type=int, default=TIMINGS, help="passes a batch size")
     running.add_argument("--batch-max", type=int, default=BATCH_SIZES[-1])
     running.add_argument(
+        "--probe-max", type=int, default=PROBE_SIZE, help="largest batch probed for exactness"
+    )
+    running.add_argument(
         "--cached-tokens", type=int, default=CACHED_TOKENS, help="in the cache when timed"
     )
     running.add_argument("--json", action="store_true")
@@ -573,6 +580,10 @@ def main() -> None:
         return
     if not arguments.cpu and arguments.from_folder is None:
         parser.error("run needs --from FOLDER (made by pack), or --cpu")
+    if arguments.probe_max < 2:
+        parser.error(
+            f"--probe-max must be at least 2 (a batch of 1 is a single step): {arguments.probe_max}"
+        )
     if (arguments.main is None) != (arguments.draft is None):
         parser.error("--main and --draft go together")
     if arguments.from_folder is None and arguments.main is None:

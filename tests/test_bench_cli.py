@@ -250,7 +250,9 @@ def test_impossible_settings(smollm_path: Path, args: tuple[str, ...], needle: s
 def test_suite_table_and_json(smollm_path: Path) -> None:
     """The suite on the small model: every method on the chosen prompts, in one table."""
     common = ("--main", smollm_path, "--draft", smollm_path, "--suite")
-    done = run_bench(*common, "--suite-prompts", "type-hints", "--json", timeout=600)
+    # Each prompt at most 96 tokens (type-hints has 256 of its own): the lookups copy by then.
+    capped = ("--max-tokens", "96")
+    done = run_bench(*common, "--suite-prompts", "type-hints", *capped, "--json", timeout=600)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     runs = data["runs"]
@@ -260,15 +262,17 @@ def test_suite_table_and_json(smollm_path: Path) -> None:
     assert {run["prompt"] for run in runs} == {"type-hints"}
     plain = runs[0]
     assert plain["speedup"] == 1.0
+    assert plain["generated_tokens"] == 96  # the whole file is longer: the cap ended it
     for run, (_label, _method, _adaptive, exact) in zip(runs, SUITE_METHODS, strict=True):
         assert run["tokens_per_second"] > 0
+        assert run["generated_tokens"] <= 96
         if exact:  # bit-exact verification: identical to plain decoding, always
             assert run["identical"] is True, run["method"]
             assert run["text"] == plain["text"]
     lookups = [run for run in runs if run["method"].startswith("ngram")]
     assert any(run["accepted_draft_tokens_count"] > 0 for run in lookups)
 
-    table = run_bench(*common, "--suite-prompts", "quicksort", timeout=600)
+    table = run_bench(*common, "--suite-prompts", "quicksort", "--max-tokens", "32", timeout=600)
     assert table.returncode == 0, table.stderr
     assert "draft lengths" in table.stdout
     assert "auto, fast" in table.stdout

@@ -108,6 +108,7 @@ def test_the_check_runs_on_this_machine_s_cpu(smollm_path: Path) -> None:
     assert list(main["batch_ms"]) == [str(n) for n in gpu_check.BATCH_SIZES]
     assert all(ms > 0 for ms in main["batch_ms"].values())
     assert 1 <= main["exact_batch_limit"] <= gpu_check.PROBE_SIZE
+    assert main["probed_to"] == gpu_check.PROBE_SIZE
     assert draft["step_ms"] > 0
     assert "layers on CPU" in main["placement"]
     assert result["main_file"]["shapes_of"] == smollm_path.name
@@ -122,12 +123,26 @@ def test_the_check_on_lavapipe_puts_both_on_the_gpu_and_finds_the_exact_batches(
     smollm_path: Path,
 ) -> None:
     """On a Vulkan device both random models go fully onto it, and with SpecDeck's Vulkan
-    patch batches of up to 8 are exact (the probe goes to 16)."""
+    patch batches of up to 8 are exact: the probe goes one size past, to 9, as the engine's own
+    probe does on Vulkan (to 16 it took 90 s more on lavapipe, Intel Xeon, 2 cores)."""
     result = run_check(
-        smollm_path, lavapipe_env(), "--timings", "1", "--batch-max", "4", "--cached-tokens", "16"
+        smollm_path,
+        lavapipe_env(),
+        *("--timings", "1", "--batch-max", "4", "--cached-tokens", "16", "--probe-max", "9"),
     )
     main, draft = result["measured"]["main"], result["measured"]["draft"]
     assert "layers on GPU (Vulkan0: llvmpipe" in main["placement"]
     assert "layers on GPU (Vulkan0: llvmpipe" in draft["placement"]
     assert main["exact_batch_limit"] == 8
+    assert main["probed_to"] == 9
     assert list(main["batch_ms"]) == ["1", "2", "3", "4"]
+
+
+def test_a_probe_of_less_than_two_tokens_is_one_line(smollm_path: Path) -> None:
+    command = [sys.executable, "-m", "benchmarks.gpu_check", "run", "--cpu", "--probe-max", "1"]
+    command += ["--main", str(smollm_path), "--draft", str(smollm_path)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].endswith(
+        "--probe-max must be at least 2 (a batch of 1 is a single step): 1"
+    )

@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--suite",
         action="store_true",
-        help="run the benchmark suite: every prompt, plain and with every method",
+        help="run the benchmark suite: every prompt, plain and with every method (each prompt "
+        "its own length; --max-tokens caps it)",
     )
     parser.add_argument(
         "--suite-prompts",
@@ -148,10 +149,17 @@ def _crash_safe(request: LoadRequest, stage_file: Path) -> tuple[LoadRequest, li
     return request, avoided
 
 
+def _given(option: str, arguments: list[str]) -> bool:
+    """Whether ``option`` is on the command line (not just its default)."""
+    return any(word == option or word.startswith(f"{option}=") for word in arguments)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of specdeck-bench; returns the exit status."""
     arguments = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(arguments)
+    # The suite's prompts have lengths of their own; --max-tokens caps them when it is given.
+    args.suite_max_tokens = args.max_tokens if _given("--max-tokens", arguments) else None
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.ERROR, format="%(name)s: %(message)s"
     )
@@ -189,6 +197,7 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
                     pair,
                     settings,
                     prompt_keys=prompt_keys,
+                    max_tokens=args.suite_max_tokens,
                     progress=None if args.json else sys.stderr,
                 )
                 report = load_report(pair, 0)

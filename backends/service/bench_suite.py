@@ -81,12 +81,13 @@ def run_suite(
     settings: GenerationSettings,
     *,
     prompt_keys: Sequence[str] | None = None,
+    max_tokens: int | None = None,
     progress: TextIO | None = None,
 ) -> list[SuiteRow]:
     """Every suite prompt, plain and with every method, at temperature 0, on ``pair``.
 
     ``settings`` gives the shared knobs (draft max, p-min, lookup draft max); max tokens
-    come from each prompt.
+    come from each prompt, at most ``max_tokens`` where it is given.
     """
     greedy = replace(settings, sampling=replace(settings.sampling, temperature=0.0))
     main, draft = pair.main, pair.draft
@@ -107,7 +108,8 @@ def run_suite(
         tokens = decoders["plain"].prompt_tokens([ChatMessage("user", prompt.text)])
         baseline: GenerationResult | None = None
         for label, _method, _adaptive, exact in SUITE_METHODS:
-            run_settings = replace(greedy, max_tokens=prompt.max_tokens, exact_batches=exact)
+            length = prompt.max_tokens if max_tokens is None else min(max_tokens, prompt.max_tokens)
+            run_settings = replace(greedy, max_tokens=length, exact_batches=exact)
             result = timed_run(decoders[label], (main, draft), tokens, run_settings)
             baseline = baseline or result
             rows.append(SuiteRow(prompt.key, label, result, baseline))
