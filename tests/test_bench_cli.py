@@ -354,3 +354,12 @@ def test_a_crash_after_loading_is_one_line_and_exit_3(smollm_path: Path, tmp_pat
     assert done.returncode == 3
     assert_one_line_error(done, "the engine crashed (SIGSEGV) after loading")
     assert not (tmp_path / "data" / CRASH_RECORDS_FILE).exists()
+
+
+def test_the_suite_is_capped_only_where_max_tokens_is_given() -> None:
+    from backends.service.bench import _max_tokens_given
+
+    assert _max_tokens_given(["--suite", "--max-tokens", "32"])
+    assert _max_tokens_given(["--suite", "--max-tokens=32"])
+    assert _max_tokens_given(["--suite", "--max-tok", "32"])  # as argparse takes it
+    assert not _max_tokens_given(["--suite", "--main", "m.gguf", "--json"])

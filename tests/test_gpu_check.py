@@ -124,7 +124,7 @@ def test_the_check_on_lavapipe_puts_both_on_the_gpu_and_finds_the_exact_batches(
 ) -> None:
     """On a Vulkan device both random models go fully onto it, and with SpecDeck's Vulkan
     patch batches of up to 8 are exact: the probe goes one size past, to 9, as the engine's own
-    probe does on Vulkan (to 16 it took 90 s more on lavapipe, Intel Xeon, 2 cores)."""
+    probe does on Vulkan (to 16 it took 85 s more on lavapipe, Intel Xeon, 2 cores)."""
     result = run_check(
         smollm_path,
         lavapipe_env(),
