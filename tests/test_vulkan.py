@@ -104,8 +104,8 @@ def bench(
             "--max-tokens",
             "12",
             "--no-warmup",
-            # A short system prompt instead of SmolLM2's own: 25 prompt tokens, not 38
-            # (a row takes 0.3-0.4 s on lavapipe, Intel Xeon, 2 cores; a run reads the prompt 3 times).
+            # A short system prompt instead of SmolLM2's own: 25 prompt tokens, not 38 (a row
+            # takes 0.3-0.4 s on lavapipe, Intel Xeon, 2 cores; a run reads the prompt 3 times).
             "--system",
             "Be brief.",
             "--prompt",
