@@ -402,8 +402,9 @@ class LlamaEngine(EngineBase):
         checkpoint("main-probe", self.path, safe=self.settings.risky == SAFEST)
         ceiling = min(self._n_batch, exact_batch_ceiling())
         probe_size = _PROBE_MAX_BATCH
-        if on_vulkan and vulkan_exact_batch() + 1 < _PROBE_MAX_BATCH:
-            probe_size = max(2, vulkan_exact_batch() + 1)
+        past_vulkan_limit = vulkan_exact_batch() + 1 if on_vulkan else _PROBE_MAX_BATCH
+        if past_vulkan_limit < _PROBE_MAX_BATCH:
+            probe_size = max(2, past_vulkan_limit)
             ceiling = min(ceiling, probe_size)
         if self._sequences > 1:
             self._exact_batch_limit, self._exact_siblings = probe_exact_batches_and_siblings(

@@ -106,9 +106,9 @@ def run_suite(
         if prompt_keys is not None and prompt.key not in prompt_keys:
             continue
         tokens = decoders["plain"].prompt_tokens([ChatMessage("user", prompt.text)])
+        length = prompt.max_tokens if max_tokens is None else min(max_tokens, prompt.max_tokens)
         baseline: GenerationResult | None = None
         for label, _method, _adaptive, exact in SUITE_METHODS:
-            length = prompt.max_tokens if max_tokens is None else min(max_tokens, prompt.max_tokens)
             run_settings = replace(greedy, max_tokens=length, exact_batches=exact)
             result = timed_run(decoders[label], (main, draft), tokens, run_settings)
             baseline = baseline or result
