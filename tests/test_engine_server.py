@@ -366,8 +366,11 @@ def test_the_local_api_serves_the_loaded_pair_in_turn_with_the_window(
     assert refused.value.status_code == 503
     engine_process.send(load_command(LoadRequest(str(smollm_path), str(smollm_path))))
     assert engine_process.until("loaded", "error")[-1]["type"] == "loaded"
-    # A window answer queued first, then an API request: they take turns on the one engine.
+    # A window answer first, then an API request: they take turns on the one engine. The
+    # request goes once the window's answer has started: sent at once, it can reach the
+    # queue first (the HTTP thread may run before the thread that reads the window's pipe).
     engine_process.send(_ask(QUESTION, max_tokens=24))
+    window_started = engine_process.until("started")
     answers: dict[str, Any] = {}
 
     def ask_api() -> None:
@@ -379,7 +382,7 @@ def test_the_local_api_serves_the_loaded_pair_in_turn_with_the_window(
 
     asking = threading.Thread(target=ask_api)
     asking.start()
-    events = engine_process.until("api_finished", "api_failed")
+    events = window_started + engine_process.until("api_finished", "api_failed")
     asking.join(timeout=120)
     kinds = [e["type"] for e in events]
     assert kinds.index("finished") < kinds.index("api_started")  # the window's went first
