@@ -51,6 +51,7 @@ ENGINE_ORDER = (
     "layer_split",
     "rpc",
     "draft_weights",
+    "exactness_memory",
     "chat_template",
     "base",
     "llama_native",

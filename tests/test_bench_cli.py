@@ -357,9 +357,14 @@ def test_a_crash_after_loading_is_one_line_and_exit_3(smollm_path: Path, tmp_pat
 
 
 def test_the_suite_is_capped_only_where_max_tokens_is_given() -> None:
-    from backends.service.bench import _max_tokens_given
+    from backends.service.bench import DEFAULT_BENCH_MAX_TOKENS, build_parser
+    from backends.service.generation_options import generation_options_from_args
 
-    assert _max_tokens_given(["--suite", "--max-tokens", "32"])
-    assert _max_tokens_given(["--suite", "--max-tokens=32"])
-    assert _max_tokens_given(["--suite", "--max-tok", "32"])  # as argparse takes it
-    assert not _max_tokens_given(["--suite", "--main", "m.gguf", "--json"])
+    parser = build_parser()
+    for given in (["--max-tokens", "32"], ["--max-tokens=32"], ["--max-tok", "32"]):
+        args = parser.parse_args(["--suite", *given])
+        assert args.max_tokens == 32, given  # the suite caps each prompt at 32
+        assert generation_options_from_args(args)["max_tokens"] == 32
+    args = parser.parse_args(["--suite", "--main", "m.gguf", "--json"])
+    assert args.max_tokens is None  # each suite prompt keeps its own length
+    assert generation_options_from_args(args)["max_tokens"] == DEFAULT_BENCH_MAX_TOKENS

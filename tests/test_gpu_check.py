@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from backends.engines.hardware import VULKAN_EXACT_BATCH
 from backends.engines.llama import LlamaEngine, LlamaLoadSettings
 from benchmarks import gpu_check
 from tests.test_vulkan import lavapipe_env, needs_lavapipe
@@ -123,18 +124,20 @@ def test_the_check_on_lavapipe_puts_both_on_the_gpu_and_finds_the_exact_batches(
     smollm_path: Path,
 ) -> None:
     """On a Vulkan device both random models go fully onto it, and with SpecDeck's Vulkan
-    patch batches of up to 8 are exact: the probe goes one size past, to 9, as the engine's own
-    probe does on Vulkan (to 16 it took 85 s more on lavapipe, Intel Xeon, 2 cores)."""
+    patch batches of up to 8 (its default) are exact: the probe goes one size past, as the
+    engine's own probe does on Vulkan (to 16 it took 85 s more on lavapipe, Intel Xeon, 2
+    cores)."""
+    probe_max = str(VULKAN_EXACT_BATCH + 1)
     result = run_check(
         smollm_path,
-        lavapipe_env(),
-        *("--timings", "1", "--batch-max", "4", "--cached-tokens", "16", "--probe-max", "9"),
+        lavapipe_env(),  # without GGML_VK_EXACT_BATCH: the patch's default
+        *("--timings", "1", "--batch-max", "4", "--cached-tokens", "16", "--probe-max", probe_max),
     )
     main, draft = result["measured"]["main"], result["measured"]["draft"]
     assert "layers on GPU (Vulkan0: llvmpipe" in main["placement"]
     assert "layers on GPU (Vulkan0: llvmpipe" in draft["placement"]
-    assert main["exact_batch_limit"] == 8
-    assert main["probed_to"] == 9
+    assert main["exact_batch_limit"] == VULKAN_EXACT_BATCH == 8
+    assert main["probed_to"] == VULKAN_EXACT_BATCH + 1
     assert list(main["batch_ms"]) == ["1", "2", "3", "4"]
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from backends.engines.hardware import unloaded_gpu_backends
+from backends.paths import CACHE_DIR_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 LAVAPIPE_ICD = sorted(glob.glob("/usr/share/vulkan/icd.d/lvp_icd*.json"))
@@ -222,12 +223,15 @@ with llama.LlamaEngine(sys.argv[1], settings) as engine:
 
 @needs_lavapipe
 @pytest.mark.heavy
-def test_the_probe_on_vulkan_stops_one_size_past_the_patch_s_limit(smollm_path: Path) -> None:
+def test_the_probe_on_vulkan_stops_one_size_past_the_patch_s_limit(
+    smollm_path: Path, tmp_path: Path
+) -> None:
     """Batches past GGML_VK_EXACT_BATCH take other shaders: the probe tries one size more
     (a single step of the probe costs 0.41 s on lavapipe) and promises only what it saw."""
     done = subprocess.run(
         [sys.executable, "-c", _PROBES, str(smollm_path)],
-        env=lavapipe_env(GGML_VK_EXACT_BATCH="3"),
+        # An empty exactness memory: the probe runs, not an answer from an earlier load.
+        env=lavapipe_env(GGML_VK_EXACT_BATCH="3", **{CACHE_DIR_ENV: str(tmp_path)}),
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -7,14 +7,22 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from backends.engines.base import EngineBase
 from backends.engines.chat_template import ChatTemplate
 from backends.engines.draft_weights import DraftWeights, check_draft_weights, drafting_file
+from backends.engines.exactness_memory import (
+    ExactnessMemory,
+    file_identity,
+    files_identity,
+    fingerprint_key,
+    kernel_environment,
+)
 from backends.engines.hardware import (
     GPU_KINDS,
     available_memory,
@@ -74,8 +82,6 @@ from backends.errors import EngineError, ModelFileError, SettingsError
 from backends.models.gguf_info import read_model_info
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from llama_cpp import llama_model_params
 
     from backends.engines.hardware import LlamaBuildInfo
@@ -229,8 +235,18 @@ class LlamaEngine(EngineBase):
             on_gpu = [d for layer, d in layer_devices.items() if layer < n_layers and d != "CPU"]
             offloaded = len(on_gpu)
             gpu_device = gpu_device_label(build, on_gpu[0]) if on_gpu else ""
+        exactness_note = None
         if self.settings.probe_exact_batch and not is_draft:
-            self._probe_exactness(on_vulkan=any(d.startswith("Vulkan") for d in on_gpu))
+            # With workers nothing is remembered: their machines can change unseen.
+            rows_computed_by = None
+            if not worker_addresses:
+                rows_computed_by = self._what_computes_rows(
+                    build, threads=threads, devices=on_gpu, weight_buffers=weight_buffers
+                )
+            exactness_note = self._probe_exactness(
+                on_vulkan=any(d.startswith("Vulkan") for d in on_gpu),
+                fingerprint=rows_computed_by,
+            )
         self._finish_load(
             started,
             backend=build.backend_label,
@@ -244,7 +260,8 @@ class LlamaEngine(EngineBase):
             + ((weights_note,) if weights_note else ())
             + _kernels_note(build, on_cpu=offloaded < n_layers)
             + ((build.gpu_problem,) if build.gpu_problem and not offloaded else ())
-            + ((gpu_note,) if gpu_note else ()),
+            + ((gpu_note,) if gpu_note else ())
+            + ((exactness_note,) if exactness_note else ()),
             weight_buffers=weight_buffers,
             layer_placement=layer_placement,
             gpu_device=gpu_device,
@@ -390,7 +407,9 @@ class LlamaEngine(EngineBase):
             self._batch.n_seq_id[index] = 1
             self._batch.seq_id[index][0] = 0
 
-    def _probe_exactness(self, *, on_vulkan: bool = False) -> None:
+    def _probe_exactness(
+        self, *, on_vulkan: bool = False, fingerprint: dict[str, Any] | None = None
+    ) -> str | None:
         """How many rows a batch computes exactly as one at a time, and siblings with them.
 
         This is the first forward pass, where a broken CPU kernel crashes: the checkpoint
@@ -398,6 +417,11 @@ class LlamaEngine(EngineBase):
         above :func:`vulkan_exact_batch` take other shaders, so the probe goes one size past
         it and no further (on a slow device each single step of the probe is dear: 0.41 s
         on lavapipe), and promises no more than it saw.
+
+        With a ``fingerprint`` (:meth:`_what_computes_rows`) the answer is remembered, and
+        a later load with the same fingerprint and probe sizes reads it back instead of
+        probing (:mod:`backends.engines.exactness_memory`): the load report's line for
+        that is returned.
         """
         checkpoint("main-probe", self.path, safe=self.settings.risky == SAFEST)
         ceiling = min(self._n_batch, exact_batch_ceiling())
@@ -406,12 +430,51 @@ class LlamaEngine(EngineBase):
         if past_vulkan_limit < _PROBE_MAX_BATCH:
             probe_size = max(2, past_vulkan_limit)
             ceiling = min(ceiling, probe_size)
+        memory, key = ExactnessMemory(), None
+        if fingerprint is not None:
+            key = fingerprint_key({**fingerprint, "probe": [probe_size, ceiling]})
+            remembered = memory.recall(key)
+            if remembered is not None:
+                self._exact_batch_limit = remembered.limit
+                self._exact_siblings = remembered.siblings and self._sequences > 1
+                return remembered.note
         if self._sequences > 1:
             self._exact_batch_limit, self._exact_siblings = probe_exact_batches_and_siblings(
                 self, probe_size, ceiling
             )
         else:
             self._exact_batch_limit = probe_exact_batch_limit(self, probe_size, ceiling)
+        if key is not None:
+            memory.remember(key, self._exact_batch_limit, siblings=self._exact_siblings)
+        return None
+
+    def _what_computes_rows(
+        self,
+        build: LlamaBuildInfo,
+        *,
+        threads: int,
+        devices: list[str],
+        weight_buffers: object,
+    ) -> dict[str, Any]:
+        """The load's fingerprint for the exactness memory: all that computes its rows.
+
+        The library's files (a rebuild is another library), the backend and CPU features,
+        the model file, every load setting, the context's sizes, the threads, the devices
+        the layers went to, the weights' buffers (repacked or not) and the environment
+        variables that choose kernels.
+        """
+        library = Path(self._llama.__file__).parent / "lib"
+        return {
+            "engine": "llama.cpp",
+            "library": [self._llama.__version__, files_identity(library.rglob("*"))],
+            "backend": [build.backend_label, build.system_info, list(build.specdeck_kernels)],
+            "model": file_identity(self.path),
+            "settings": asdict(self.settings),
+            "context": [self._n_ctx, self._n_batch, self._sequences, threads],
+            "devices": devices,
+            "weight_buffers": weight_buffers,
+            "environment": kernel_environment(),
+        }
 
     # -- workers ---------------------------------------------------------------------------
 

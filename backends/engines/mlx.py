@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 import logging
 import time
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from backends.engines.base import EngineBase
 from backends.engines.chat_template import ChatTemplate
+from backends.engines.exactness_memory import (
+    ExactnessMemory,
+    files_identity,
+    fingerprint_key,
+    kernel_environment,
+)
 from backends.engines.hardware import physical_cores
 from backends.engines.interface import (
     DEFAULT_CONTEXT_SIZE,
@@ -135,7 +142,9 @@ class MlxEngine(EngineBase):
         self._vocab_facts = self._read_vocab_facts()
         self._template = ChatTemplate(self.info.chat_template, self.info.name)
         if probe_exact_batch and not is_draft:
-            self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, PREFILL_CHUNK)
+            remembered = self._probe_exactness(device=_device_name(mx))
+            if remembered is not None:
+                notes.append(remembered)
         if progress is not None:
             progress(1.0)
         self._finish_load(
@@ -148,6 +157,30 @@ class MlxEngine(EngineBase):
             notes=tuple(notes),
             unified_memory=on_metal,
         )
+
+    def _probe_exactness(self, *, device: str) -> str | None:
+        """The exact-batch limit, probed or read back from the exactness memory.
+
+        The answer is remembered under the model folder's files, MLX's and mlx-lm's
+        versions and the device; the load report's line is returned when it was read back.
+        """
+        fingerprint = {
+            "engine": "mlx",
+            "library": [metadata.version("mlx"), metadata.version("mlx-lm")],
+            "device": device,
+            "model": files_identity(self.path.iterdir()),
+            "context": self._n_ctx,
+            "environment": kernel_environment(),
+            "probe": [_PROBE_MAX_BATCH, PREFILL_CHUNK],
+        }
+        memory, key = ExactnessMemory(), fingerprint_key(fingerprint)
+        remembered = memory.recall(key)
+        if remembered is not None:
+            self._exact_batch_limit = remembered.limit
+            return remembered.note
+        self._exact_batch_limit = probe_exact_batch_limit(self, _PROBE_MAX_BATCH, PREFILL_CHUNK)
+        memory.remember(key, self._exact_batch_limit)
+        return None
 
     # -- facts -----------------------------------------------------------------------------
 

@@ -149,23 +149,10 @@ def _crash_safe(request: LoadRequest, stage_file: Path) -> tuple[LoadRequest, li
     return request, avoided
 
 
-def _max_tokens_given(arguments: list[str]) -> bool:
-    """Whether ``--max-tokens`` is on the command line, not just its default.
-
-    Read as the full parser reads it: ``--max-tokens=N`` and abbreviations too.
-    """
-    option_alone = argparse.ArgumentParser(add_help=False)
-    option_alone.add_argument("--max-tokens")
-    given, _rest = option_alone.parse_known_args(arguments)
-    return given.max_tokens is not None
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of specdeck-bench; returns the exit status."""
     arguments = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(arguments)
-    # The suite's prompts have lengths of their own; --max-tokens caps them when it is given.
-    args.suite_max_tokens = args.max_tokens if _max_tokens_given(arguments) else None
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.ERROR, format="%(name)s: %(message)s"
     )
@@ -203,7 +190,7 @@ def _work(args: argparse.Namespace, stage_file: Path) -> int:
                     pair,
                     settings,
                     prompt_keys=prompt_keys,
-                    max_tokens=args.suite_max_tokens,
+                    max_tokens=args.max_tokens,  # None: each prompt's own length
                     progress=None if args.json else sys.stderr,
                 )
                 report = load_report(pair, 0)

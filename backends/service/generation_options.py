@@ -138,10 +138,14 @@ def add_generation_arguments(
     *,
     max_tokens: int = DEFAULT_MAX_TOKENS,
 ) -> None:
-    """The sampling, drafting and verification flags of specdeck-bench and specdeck serve."""
-    parser.add_argument(
-        "--max-tokens", type=int, default=max_tokens, help=f"(default: {max_tokens})"
-    )
+    """The sampling, drafting and verification flags of specdeck-bench and specdeck serve.
+
+    ``--max-tokens`` reads as ``None`` when it is not given (a front end can tell a length
+    asked for from its default: the bench's suite caps its prompts only when asked);
+    :func:`generation_options_from_args` puts ``max_tokens`` in its place.
+    """
+    parser.add_argument("--max-tokens", type=int, default=None, help=f"(default: {max_tokens})")
+    parser.set_defaults(default_max_tokens=max_tokens)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
     parser.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
@@ -203,7 +207,7 @@ def add_generation_arguments(
 def generation_options_from_args(args: argparse.Namespace) -> GenerationOptions:
     """What the flags of :func:`add_generation_arguments` say."""
     return GenerationOptions(
-        max_tokens=args.max_tokens,
+        max_tokens=args.default_max_tokens if args.max_tokens is None else args.max_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
