@@ -380,6 +380,80 @@ def test_the_openai_client_sees_the_errors_as_its_own(server: Served) -> None:
     assert "no such endpoint" in answer["error"]["message"]
 
 
+def test_response_format_and_grammar_shape_the_answer(server: Served) -> None:
+    from tests.test_grammar import PERSON_PROMPT, PERSON_SCHEMA, assert_person
+
+    client = server.client()
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": PERSON_PROMPT}]
+    schema_format: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True},
+    }
+    answer = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1",
+        messages=messages,
+        max_tokens=200,
+        temperature=0,
+        response_format=schema_format,
+    )
+    content = answer.choices[0].message.content
+    assert content is not None
+    assert_person(content)
+    assert answer.choices[0].finish_reason == "stop"
+    stats = (answer.model_extra or {})["stats"]
+    assert stats["grammar_tokens_count"] > 0  # the keys and quotes, with no drafting
+    # Streamed, the same text.
+    text, tokens, _chunks = collect_stream(
+        server, messages=messages, max_tokens=200, temperature=0, response_format=schema_format
+    )
+    assert text == content
+    assert {token["origin"] for token in tokens} >= {"grammar", "target"}
+    # Any JSON object; llama.cpp's GBNF grammar field.
+    answer = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1",
+        messages=messages,
+        max_tokens=160,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
+    assert isinstance(json.loads(answer.choices[0].message.content or ""), dict)
+    answer = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1",
+        messages=[{"role": "user", "content": "Is the sky blue? Answer yes or no."}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"grammar": 'root ::= "yes" | "no"'},
+    )
+    assert answer.choices[0].message.content in ("yes", "no")
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 1}}}},
+            "response_format",
+            "invalid json schema",
+        ),
+        ({"response_format": {"type": "yaml"}}, "response_format.type", "'text', 'json_object'"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "schema"),
+        ({"grammar": "root ::= ("}, "grammar", "invalid gbnf: Expected ')'"),
+        ({"grammar": "x", "response_format": {"type": "text"}}, "grammar", "not both"),
+    ],
+)
+def test_a_bad_schema_or_grammar_is_a_400_naming_it(
+    server: Served, fields: dict[str, Any], param: str, words: str
+) -> None:
+    body = json.dumps({"messages": MESSAGES, "max_tokens": 8, **fields}).encode()
+    got, answer = server.request(
+        "POST", "/chat/completions", body, {"Content-Type": "application/json"}
+    )
+    assert got == 400
+    assert words in answer["error"]["message"]
+    assert answer["error"]["param"] == param
+    assert "\n" not in answer["error"]["message"]
+
+
 def test_curl_streams_server_sent_events(server: Served) -> None:
     body = json.dumps({"messages": MESSAGES, "max_tokens": 16, "stream": True})
     done = subprocess.run(

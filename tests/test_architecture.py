@@ -72,6 +72,7 @@ SPECULATION_ORDER = (
     "target_rows",
     "text_stream",
     "verification",
+    "grammar",
     "drafters",
     "ngram",
     "edit_copy",

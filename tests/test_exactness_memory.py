@@ -153,6 +153,10 @@ def test_an_mlx_load_reads_back_its_probe(
         assert engine.exact_batch_limit == limit
         assert any(REMEMBERED in note for note in engine.load_report.notes)
     assert len(probes) == 1
-    with mlx_engine.MlxEngine(tiny_mlx_main, n_ctx=512) as engine:  # another context
+    with mlx_engine.MlxEngine(tiny_mlx_main, n_ctx=512) as engine:  # the cache just grows
+        assert engine.exact_batch_limit == limit
+    assert len(probes) == 1
+    monkeypatch.setenv("MLX_FAKE_KERNEL_SWITCH", "1")  # MLX_* can choose kernels
+    with mlx_engine.MlxEngine(tiny_mlx_main, n_ctx=256) as engine:
         assert engine.exact_batch_limit == limit
     assert len(probes) == 2

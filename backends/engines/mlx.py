@@ -162,14 +162,15 @@ class MlxEngine(EngineBase):
         """The exact-batch limit, probed or read back from the exactness memory.
 
         The answer is remembered under the model folder's files, MLX's and mlx-lm's
-        versions and the device; the load report's line is returned when it was read back.
+        versions and the device (not the context size: MLX's cache grows as it fills, so
+        a row is computed alike whatever the context may hold); the load report's line is
+        returned when it was read back.
         """
         fingerprint = {
             "engine": "mlx",
             "library": [metadata.version("mlx"), metadata.version("mlx-lm")],
             "device": device,
             "model": files_identity(self.path.iterdir()),
-            "context": self._n_ctx,
             "environment": kernel_environment(),
             "probe": [_PROBE_MAX_BATCH, PREFILL_CHUNK],
         }

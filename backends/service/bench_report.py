@@ -59,7 +59,8 @@ def _run_json(result: GenerationResult, speculative: bool) -> dict[str, object]:
     }
     if speculative:
         data.update(stats.as_dict())
-        data["origins"] = "".join("d" if t.origin == "draft" else "t" for t in result.tokens)
+        # One letter a token: d(raft), t(arget), g(rammar).
+        data["origins"] = "".join(t.origin.value[0] for t in result.tokens)
     return data
 
 

@@ -63,6 +63,7 @@ class GenerationOptions(TypedDict, total=False):
     verification: Verification | None
     exact_batches: bool
     sibling_branches: bool
+    grammar: str | None
 
 
 SAMPLING_KEYS = frozenset(field.name for field in fields(SamplingSettings))
@@ -127,6 +128,7 @@ def settings_options(settings: GenerationSettings) -> GenerationOptions:
         verification=settings.verification,
         exact_batches=settings.exact_batches,
         sibling_branches=settings.sibling_branches,
+        grammar=settings.grammar,
     )
 
 

@@ -51,6 +51,7 @@ import numpy as np
 from backends.errors import ContextOverflowError, SettingsError
 from backends.speculation.drafters import DraftModelDrafter, NoDrafter
 from backends.speculation.estimates import DRAFT_CALIBRATION_SIZES, CostCache
+from backends.speculation.grammar import GrammarMatcher
 from backends.speculation.planner import MAX_TREE_ROWS, DraftPlanner
 from backends.speculation.rounds import Candidate, RoundOutcome
 from backends.speculation.sampling import top_probability
@@ -73,6 +74,10 @@ from backends.speculation.verification import (
     verify_rejection,
     verify_sample_match,
 )
+
+# The method name of rounds whose tokens the grammar forced (beside the drafters' names and
+# "none", plain decoding's), in the stats' per-method counts.
+GRAMMAR_METHOD = "grammar"
 
 if TYPE_CHECKING:
     import threading
@@ -222,12 +227,15 @@ class _Generation:
             self.exact_chunk = limit
         # The most tokens a batch with a sibling may hold (0: no siblings): greedy
         # verification, an engine whose sibling rows are plain decoding's, the probed limit.
+        # The answer's grammar (None: free text): it masks every row the target gives.
+        self.grammar = GrammarMatcher(target, settings.grammar) if settings.grammar else None
         self.tree_rows = 0
         if (
             settings.sibling_branches
             and self.sampling.greedy
             and target.exact_siblings
             and limit is not None
+            and self.grammar is None
         ):
             self.tree_rows = min(MAX_TREE_ROWS, limit)
         if planner is not None:
@@ -278,17 +286,27 @@ class _Generation:
         # target alone, so time-to-first-token is the same with and without speculation.
         budget = 0 if first_round else min(remaining - 1, room - 1)
 
-        # 1. Draft: the plan (if there is a planner) says who drafts how much.
-        candidates, plan = self._plan(budget)
-        drafter, draft = self._draft(plan, budget)
+        # 1. Draft: the plan (if there is a planner) says who drafts how much. Under a
+        # grammar, the tokens it allows alone are the round's draft, with no drafter.
+        forced = self._forced(budget)
+        candidates: list[Candidate] = []
+        plan: RoundPlan | None = None
+        drafter: Drafter | None = None
+        if forced:
+            draft = Draft(forced, None)
+        else:
+            candidates, plan = self._plan(budget)
+            drafter, draft = self._draft(plan, budget)
         draft_passes = draft.passes  # what the planned draft cost, even if it is dropped
-        if draft.tokens:
+        if draft.tokens and not forced:
             self.stats.total_draft_tokens_count += len(draft.tokens)
+            draft = self._within_grammar(draft)
             if len(draft.tokens) < self.settings.draft_min:
                 self.stats.ignored_draft_tokens_count += len(draft.tokens)
                 draft = Draft([], None)
         if self.cancel is not None and self.cancel.is_set():
-            self.stats.ignored_draft_tokens_count += len(draft.tokens)
+            if not forced:
+                self.stats.ignored_draft_tokens_count += len(draft.tokens)
             self._finish("cancelled")
             if self.planner is not None:
                 outcome = RoundOutcome(plan, candidates, start, draft_passes=draft_passes)
@@ -300,11 +318,13 @@ class _Generation:
         target_passes: list[TargetPass] = []
         verdict, with_sibling = self._verify(draft, plan, target_passes)
         confidence = self._target_confidence(verdict)  # while its row is still the engine's
+        if self.grammar is not None:
+            self.grammar.consume(verdict.target_token)  # the accepted ones are consumed
         self.stats.verify_seconds += time.perf_counter() - started
 
         # 3. Account: count the round, emit its tokens.
-        self._count_round(drafter, draft, verdict, target_passes)
-        self._emit_round(draft, verdict, with_sibling=with_sibling)
+        self._count_round(drafter, draft, verdict, target_passes, forced=bool(forced))
+        self._emit_round(draft, verdict, with_sibling=with_sibling, forced=bool(forced))
 
         # 4. Learn: the planner's one look at the round, now that it has ended.
         if self.planner is not None:
@@ -329,12 +349,12 @@ class _Generation:
             self.stats.backoffs += self.planner.watch.backoffs - backoffs
             self.stats.speculation_balance_seconds = self.planner.watch.balance
         if not first_round:
-            self._time_round(drafter, tokens_before, time.perf_counter() - round_started)
+            method = GRAMMAR_METHOD if forced else "none" if drafter is None else drafter.name
+            self._time_round(method, tokens_before, time.perf_counter() - round_started)
 
-    def _time_round(self, drafter: Drafter | None, tokens_before: int, seconds: float) -> None:
-        """Add the round's tokens and wall time to those of the drafter it planned."""
+    def _time_round(self, method: str, tokens_before: int, seconds: float) -> None:
+        """Add the round's tokens and wall time to those of the method that drafted them."""
         stats = self.stats
-        method = "none" if drafter is None else drafter.name
         tokens = stats.generated_tokens - tokens_before
         stats.tokens_by_method[method] = stats.tokens_by_method.get(method, 0) + tokens
         stats.seconds_by_method[method] = stats.seconds_by_method.get(method, 0.0) + seconds
@@ -392,6 +412,26 @@ class _Generation:
             return plan.drafter, Draft(tokens, None, evidence=proposal.evidence)
         return plan.drafter, self._make_draft(plan.drafter, plan.draft_tokens)
 
+    def _forced(self, budget: int) -> list[int]:
+        """Under a grammar, with drafting on: the next tokens it allows alone.
+
+        Up to the longest lookup draft; plain decoding verifies them one at a time, as it
+        would without a grammar.
+        """
+        if self.grammar is None or budget <= 0 or not self.drafters:
+            return []
+        return self.grammar.forced(min(budget, self.settings.lookup_draft_max))
+
+    def _within_grammar(self, draft: Draft) -> Draft:
+        """The draft up to its first token the grammar forbids (the rest counts as ignored)."""
+        if self.grammar is None:
+            return draft
+        allowed = self.grammar.allowed_prefix(draft.tokens)
+        if allowed == len(draft.tokens):
+            return draft
+        self.stats.ignored_draft_tokens_count += len(draft.tokens) - allowed
+        return draft.cut(allowed)
+
     def _draft_limit(self, drafter: Drafter, budget: int) -> int:
         cap = self.settings.lookup_draft_max if drafter.lookup else self.settings.draft_max
         return min(cap, budget)
@@ -430,6 +470,8 @@ class _Generation:
                 return verify_greedy(draft.tokens, chain, draft.sibling, sibling_row), True
         limits = (self.exact_chunk, chunk_rows)
         rows = chain_rows(self.target, self.context, draft.tokens, limits, passes)
+        if self.grammar is not None:
+            rows = self.grammar.masked_rows(rows, draft.tokens)
         if self.sampling.greedy:
             return verify_greedy(draft.tokens, rows), False
         if self.settings.verification == "sample-match":
@@ -456,11 +498,23 @@ class _Generation:
         draft: Draft,
         verdict: Verdict,
         passes: Sequence[TargetPass],
+        *,
+        forced: bool = False,
     ) -> None:
-        """Count the round: its verification passes by rows, its draft and what was kept."""
+        """Count the round: its verification passes by rows, its draft and what was kept.
+
+        A round of tokens the grammar forced drafted nothing: it counts as a round of its
+        own method, in none of the draft counts.
+        """
         stats = self.stats
         for _evaluated, rows, _seconds in passes:
             stats.verify_batch_counts[rows] = stats.verify_batch_counts.get(rows, 0) + 1
+        if forced:
+            stats.rounds += 1
+            stats.rounds_by_method[GRAMMAR_METHOD] = (
+                stats.rounds_by_method.get(GRAMMAR_METHOD, 0) + 1
+            )
+            return
         drafted, accepted = len(draft.tokens), verdict.accepted
         stats.rounds += 1
         stats.draft_length_counts[drafted] = stats.draft_length_counts.get(drafted, 0) + 1
@@ -478,12 +532,23 @@ class _Generation:
                 kept[position] += 1
         stats.rejected_draft_tokens_count += drafted - accepted
 
-    def _emit_round(self, draft: Draft, verdict: Verdict, *, with_sibling: bool) -> None:
-        """Emit the accepted tokens, then the target's own (and the token after a sibling)."""
+    def _emit_round(
+        self, draft: Draft, verdict: Verdict, *, with_sibling: bool, forced: bool = False
+    ) -> None:
+        """Emit the accepted tokens, then the target's own (and the token after a sibling).
+
+        ``forced``: the draft was the grammar's own tokens (always accepted, never counted
+        as drafted).
+        """
         for index, token in enumerate(draft.tokens[: verdict.accepted]):
             if self.finished:
-                self.stats.ignored_draft_tokens_count += verdict.accepted - index
+                if not forced:
+                    self.stats.ignored_draft_tokens_count += verdict.accepted - index
                 break
+            if forced:
+                self.stats.grammar_tokens_count += 1
+                self._emit(token, TokenOrigin.GRAMMAR)
+                continue
             self.stats.accepted_draft_tokens_count += 1
             self._emit(token, TokenOrigin.DRAFT)
         if with_sibling:

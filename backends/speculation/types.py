@@ -38,6 +38,7 @@ class TokenOrigin(StrEnum):
 
     DRAFT = "draft"  # drafted and accepted by the target
     TARGET = "target"  # the target's own token (plain step, correction or bonus)
+    GRAMMAR = "grammar"  # the only token the answer's grammar allowed there (no drafting)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,9 @@ class GenerationSettings:
     # default: on a 2-core AMX Xeon it was exact and nearly free but gained nothing
     # (benchmarks/sibling_tree.py, docs/benchmarks.md "Sibling branches").
     sibling_branches: bool = False
+    # A grammar every answer follows (llguidance's form: backends/speculation/grammar.py
+    # compiles JSON schemas, Lark, regexes and GBNF into it); None: free text.
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -104,6 +108,7 @@ ADDITIVE_STATS = (
     "ignored_draft_tokens_count",
     "sibling_tokens_count",
     "accepted_sibling_tokens_count",
+    "grammar_tokens_count",
     "generation_seconds",
     "total_seconds",
     "draft_seconds",
@@ -127,6 +132,9 @@ class SpeculationStats:
     # siblings the target took (a sibling not taken counts as rejected).
     sibling_tokens_count: int = 0
     accepted_sibling_tokens_count: int = 0
+    # Under a grammar: tokens it allowed alone, verified with no drafting and always kept
+    # (not draft tokens: they are in none of the draft counts above).
+    grammar_tokens_count: int = 0
     # verified_at_position[i]: drafts whose (i+1)-th token reached verification
     verified_at_position: list[int] = field(default_factory=list)
     accepted_at_position: list[int] = field(default_factory=list)
@@ -297,6 +305,17 @@ class Draft:
     sibling: Sibling | None = None
     # The draft model's forward passes for this draft (empty for lookups), for the planner.
     passes: list[ForwardPass] = field(default_factory=list)
+
+    def cut(self, length: int) -> Draft:
+        """The draft's first ``length`` tokens (a sibling past them is dropped)."""
+        sibling = self.sibling if self.sibling is not None and self.sibling.index < length else None
+        return replace(
+            self,
+            tokens=self.tokens[:length],
+            distributions=None if self.distributions is None else self.distributions[:length],
+            confidences=self.confidences[:length],
+            sibling=sibling,
+        )
 
 
 @dataclass(frozen=True)

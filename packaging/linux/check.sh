@@ -90,14 +90,20 @@ serve_and_ask() {
         curl -s "http://127.0.0.1:$port/v1/models" | grep -q '"unavailable": null' && break
         sleep 0.5
     done
-    local answer
+    local answer constrained
     answer=$(curl -s "http://127.0.0.1:$port/v1/chat/completions" \
         -H 'Content-Type: application/json' \
         -d '{"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}')
+    # A grammar (llguidance is in the bundle): the answer is one of its two words.
+    constrained=$(curl -s "http://127.0.0.1:$port/v1/chat/completions" \
+        -H 'Content-Type: application/json' \
+        -d '{"messages": [{"role": "user", "content": "Yes or no?"}], "max_tokens": 8,
+             "grammar": "root ::= \"yes\" | \"no\""}')
     kill "$server"
     pkill -f "serve --port $port" || true
     wait "$server" || true
     echo "$answer" | grep -q '"object": "chat.completion"' || { cat "$log"; echo "$answer"; exit 1; }
+    echo "$constrained" | grep -Eq '"content": "(yes|no)"' || { cat "$log"; echo "$constrained"; exit 1; }
 }
 echo "check: specdeck serve answers over HTTP"
 serve_and_ask

@@ -23,6 +23,7 @@ from backends.service.generation_options import (
     generation_settings,
     merged,
 )
+from backends.speculation.grammar import ANY_JSON_OBJECT, compile_grammar
 from backends.speculation.methods import parse_method
 from backends.speculation.types import DEFAULT_MAX_TOKENS
 
@@ -219,6 +220,47 @@ def _speculation(body: Mapping[str, Any], options: GenerationOptions) -> Specula
         raise ApiError(400, str(error), param="specdeck.method") from None
 
 
+def _grammar(body: Mapping[str, Any]) -> str | None:
+    """The grammar the answer must follow (None: free text).
+
+    OpenAI's ``response_format`` (``json_object``, ``json_schema``) or llama.cpp's
+    ``grammar`` (GBNF). A schema or grammar that cannot be compiled is a 400 naming the problem.
+    """
+    response_format = body.get("response_format")
+    grammar_text = body.get("grammar")
+    if response_format is not None and grammar_text is not None:
+        raise ApiError(400, "give 'response_format' or 'grammar', not both", param="grammar")
+    try:
+        if grammar_text is not None:
+            return compile_grammar("gbnf", grammar_text)
+        if response_format is None:
+            return None
+        if not isinstance(response_format, dict):
+            raise ApiError(400, "'response_format' must be an object", param="response_format")
+        kind = response_format.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return compile_grammar("json_schema", ANY_JSON_OBJECT)
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec:
+                raise ApiError(
+                    400,
+                    "'response_format.json_schema' must be an object with a 'schema'",
+                    param="response_format.json_schema",
+                )
+            return compile_grammar("json_schema", spec["schema"])
+    except SettingsError as error:
+        param = "grammar" if grammar_text is not None else "response_format"
+        raise ApiError(400, str(error), param=param) from None
+    raise ApiError(
+        400,
+        "'response_format.type' must be 'text', 'json_object' or 'json_schema'",
+        param="response_format.type",
+    )
+
+
 def _resolved(defaults: Mapping[str, Any] | None, options: GenerationOptions) -> GenerationSettings:
     """The request's options over the defaults; an impossible value is a 400 saying why."""
     try:
@@ -266,6 +308,9 @@ def parse_request(
             options[key] = value
     _resolved(defaults, options)  # a bad sampling value is named before the speculation fields
     method = _speculation(body, options)
+    grammar = _grammar(body)
+    if grammar is not None:
+        options["grammar"] = grammar
     settings = _resolved(defaults, options)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):

@@ -50,6 +50,8 @@ def lmstudio_stats(stats: SpeculationStats, draft: ServedModel | None) -> dict[s
         "accepted_draft_tokens_count": stats.accepted_draft_tokens_count,
         "rejected_draft_tokens_count": stats.rejected_draft_tokens_count,
         "ignored_draft_tokens_count": stats.ignored_draft_tokens_count,
+        # SpecDeck's own: under a grammar, the tokens it allowed alone (never drafted).
+        "grammar_tokens_count": stats.grammar_tokens_count,
     }
     if draft is not None:
         result["draft_model"] = draft.id

@@ -1,0 +1,185 @@
+"""Structured output: answers that follow a grammar, and speculation under it, exact."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from backends.errors import SettingsError
+from backends.speculation.grammar import (
+    ANY_JSON_OBJECT,
+    GrammarMatcher,
+    compile_grammar,
+    grammar_tokenizer,
+)
+from backends.speculation.loop import GRAMMAR_METHOD, SpeculativeDecoder
+from backends.speculation.methods import build_decoder
+from backends.speculation.ngram import NgramSimpleDrafter
+from backends.speculation.sampling import SamplingSettings
+from backends.speculation.types import GenerationResult, GenerationSettings, TokenOrigin
+from tests.conftest import user
+
+if TYPE_CHECKING:
+    from backends.engines.llama import LlamaEngine
+
+PERSON_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer"},
+        "languages": {"type": "array", "items": {"type": "string", "maxLength": 20}},
+    },
+    "required": ["name", "age", "languages"],
+    "additionalProperties": False,
+}
+PERSON_PROMPT = (
+    "Ada Lovelace was 36 and wrote about the Analytical Engine in English and French. "
+    "Give her as a JSON object with name, age and languages."
+)
+
+
+def assert_person(text: str) -> dict[str, Any]:
+    """The answer parses as JSON and holds what PERSON_SCHEMA requires, typed."""
+    person = json.loads(text)
+    assert isinstance(person, dict)
+    assert set(person) == {"name", "age", "languages"}
+    assert isinstance(person["name"], str)
+    assert len(person["name"]) <= 40
+    assert isinstance(person["age"], int)
+    assert isinstance(person["languages"], list)
+    assert all(isinstance(language, str) for language in person["languages"])
+    return person
+
+
+def run(
+    decoder: SpeculativeDecoder, prompt: list[int], settings: GenerationSettings
+) -> GenerationResult:
+    decoder.target.truncate(0)
+    for drafter in decoder.drafters:
+        if drafter.engine is not None:
+            drafter.engine.truncate(0)
+    return decoder.run(prompt, settings)
+
+
+@pytest.mark.parametrize(
+    ("kind", "source", "message"),
+    [
+        ("json_schema", {"type": "nonsense"}, "invalid json schema: Invalid type: nonsense"),
+        ("json_schema", [1, 2], "invalid json schema: it must be an object"),
+        ("regex", "[a-", "invalid regex: at 1(8): invalid regex"),
+        ("lark", "start: foo", 'invalid lark: at 1(8): unknown name: "foo"'),
+        ("gbnf", "root ::= (", "invalid gbnf: Expected ')' at line 1"),
+        ("gbnf", "", "a gbnf grammar must be a non-empty string"),
+        ("yaml", "x", "unknown grammar kind 'yaml'"),
+    ],
+)
+def test_a_bad_schema_or_grammar_is_one_line_naming_the_problem(
+    kind: str, source: object, message: str
+) -> None:
+    with pytest.raises(SettingsError) as refused:
+        compile_grammar(kind, source)
+    assert str(refused.value).startswith(message)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_tokenizer_is_the_engine_s_own(smollm_target: LlamaEngine) -> None:
+    tokenizer = grammar_tokenizer(smollm_target)
+    assert grammar_tokenizer(smollm_target) is tokenizer  # built once per engine
+    text = '{"name": "Ada", "age": 36}'
+    tokens = smollm_target.tokenize(text, add_special=False, parse_special=False)
+    assert tokenizer.decode_bytes(tokens) == text.encode()
+    # Special tokens (no text) are never part of the grammar's text, the end only at the end.
+    matcher = GrammarMatcher(smollm_target, compile_grammar("regex", "(yes|no)"))
+    allowed = matcher.allowed()
+    end_ids = smollm_target.vocab.end_of_generation_ids
+    assert not any(allowed[token] for token in end_ids)
+    yes = smollm_target.tokenize("yes", add_special=False, parse_special=False)
+    assert allowed[yes[0]]
+    assert matcher.allowed_prefix([*yes, *yes]) == len(yes)  # "yesyes" leaves the grammar
+    for token in yes:
+        matcher.consume(token)
+    assert any(matcher.allowed()[token] for token in end_ids)  # complete: it may end now
+
+
+def test_plain_constrained_decoding_follows_the_schema(smollm_target: LlamaEngine) -> None:
+    decoder = SpeculativeDecoder(smollm_target)
+    prompt = decoder.prompt_tokens(user(PERSON_PROMPT))
+    grammar = compile_grammar("json_schema", PERSON_SCHEMA)
+    free = run(decoder, prompt, GenerationSettings(max_tokens=96))
+    with pytest.raises(json.JSONDecodeError):  # SmolLM2 on its own answers in prose
+        json.loads(free.text)
+    result = run(decoder, prompt, GenerationSettings(max_tokens=200, grammar=grammar))
+    assert result.stats.stop_reason == "eos"  # the grammar complete: the answer ended
+    assert_person(result.text)
+    assert result.stats.grammar_tokens_count == 0  # no drafting: one token a step
+
+
+@pytest.mark.parametrize("method", ["auto", "draft-model", "ngram-simple"])
+def test_speculation_under_a_grammar_is_plain_constrained_decoding(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine, method: str
+) -> None:
+    grammar = compile_grammar("json_schema", PERSON_SCHEMA)
+    settings = GenerationSettings(max_tokens=200, grammar=grammar)
+    plain = SpeculativeDecoder(smollm_target)
+    prompt = plain.prompt_tokens(user(PERSON_PROMPT))
+    expected = run(plain, prompt, settings)
+    decoder = build_decoder(method, smollm_target, smollm_draft)  # type: ignore[arg-type]
+    result = run(decoder, prompt, settings)
+    assert result.token_ids == expected.token_ids
+    assert_person(result.text)
+    stats = result.stats
+    # The scaffolding the schema fixes (keys, quotes, colons) came from the grammar alone,
+    # verified without drafting and always kept, counted apart from the drafts.
+    by_grammar = [t for t in result.tokens if t.origin is TokenOrigin.GRAMMAR]
+    assert stats.grammar_tokens_count == len(by_grammar) >= 5
+    scaffolding = "".join(t.text for t in by_grammar)
+    assert all(key in scaffolding for key in PERSON_SCHEMA["required"])
+    assert stats.rounds_by_method[GRAMMAR_METHOD] >= 1
+    drafted = stats.total_draft_tokens_count
+    assert drafted == (
+        stats.accepted_draft_tokens_count
+        + stats.rejected_draft_tokens_count
+        + stats.ignored_draft_tokens_count
+    )
+    assert sum(t.origin is TokenOrigin.DRAFT for t in result.tokens) == (
+        stats.accepted_draft_tokens_count
+    )
+
+
+def test_a_forbidden_draft_token_ends_the_draft_before_verification(
+    smollm_target: LlamaEngine,
+) -> None:
+    """A lookup copies the prompt's text, which the grammar forbids: the draft is cut at its
+    first forbidden token and the cut tokens count as ignored, never verified."""
+    grammar = compile_grammar("regex", "[0-9]{1,3}(, [0-9]{1,3}){0,30}")
+    settings = GenerationSettings(max_tokens=48, grammar=grammar)
+    plain = SpeculativeDecoder(smollm_target)
+    prompt = plain.prompt_tokens(user("List the numbers: 1, 2, 3, four, five, 6, 7, 8, nine."))
+    expected = run(plain, prompt, settings)
+    lookup = SpeculativeDecoder(smollm_target, [NgramSimpleDrafter()], adaptive=False)
+    result = run(lookup, prompt, settings)
+    assert result.token_ids == expected.token_ids
+    text = result.text
+    assert all(part.strip().isdigit() for part in text.split(","))
+    stats = result.stats
+    assert stats.ignored_draft_tokens_count > 0
+    verified_drafted = sum(stats.verified_at_position[:1])
+    assert verified_drafted <= stats.total_draft_tokens_count
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sampled_answers_follow_the_schema_with_speculation(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine, seed: int
+) -> None:
+    sampling = SamplingSettings(temperature=0.9, top_p=0.95, seed=seed)
+    grammar = compile_grammar("json_schema", ANY_JSON_OBJECT)
+    settings = GenerationSettings(max_tokens=160, sampling=sampling, grammar=grammar)
+    decoder = build_decoder("auto", smollm_target, smollm_draft)
+    result = run(decoder, decoder.prompt_tokens(user(PERSON_PROMPT)), settings)
+    if result.stats.stop_reason == "eos":
+        assert isinstance(json.loads(result.text), dict)
+    else:  # cut by max_tokens: still a prefix of a JSON object
+        assert result.stats.stop_reason == "max_tokens"
+        assert result.text.startswith("{")
