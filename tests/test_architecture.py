@@ -64,6 +64,7 @@ ENGINE_ORDER = (
 # of a round, the drafters, then the planner that chooses among them, the loop that drives a
 # round, and the methods that assemble a decoder.
 SPECULATION_ORDER = (
+    "grammar",
     "sampling",
     "types",
     "rounds",
@@ -72,7 +73,6 @@ SPECULATION_ORDER = (
     "target_rows",
     "text_stream",
     "verification",
-    "grammar",
     "drafters",
     "ngram",
     "edit_copy",

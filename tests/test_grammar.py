@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 
 from backends.errors import SettingsError
+from backends.speculation.drafters import DraftModelDrafter
 from backends.speculation.grammar import (
     ANY_JSON_OBJECT,
     GrammarMatcher,
@@ -183,3 +185,24 @@ def test_sampled_answers_follow_the_schema_with_speculation(
     else:  # cut by max_tokens: still a prefix of a JSON object
         assert result.stats.stop_reason == "max_tokens"
         assert result.text.startswith("{")
+
+
+def test_a_draft_model_drafts_within_the_grammar_and_leaves_it_as_it_was(
+    smollm_draft: LlamaEngine,
+) -> None:
+    drafter = DraftModelDrafter(smollm_draft, p_min=0.0)
+    context = smollm_draft.tokenize(
+        "The year the war ended was", add_special=False, parse_special=False
+    )
+    greedy, rng = SamplingSettings(), np.random.default_rng(0)
+    smollm_draft.truncate(0)
+    free = drafter.draft(context, 6, greedy, rng, None)
+    matcher = GrammarMatcher(smollm_draft, compile_grammar("regex", " [0-9]{1,6}"))
+    assert matcher.allowed_prefix(free.tokens) < len(free.tokens)  # free, it leaves it
+    before = matcher.allowed()
+    smollm_draft.truncate(0)
+    held = drafter.draft(context, 6, greedy, rng, None, grammar=matcher)
+    assert held.tokens
+    assert matcher.allowed_prefix(held.tokens) == len(held.tokens)
+    assert smollm_draft.detokenize(held.tokens).strip().isdigit()
+    assert (matcher.allowed() == before).all()  # rolled back: as before the draft

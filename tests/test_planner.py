@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from backends.engines.llama import LlamaEngine
+    from backends.speculation.grammar import GrammarMatcher
     from backends.speculation.sampling import SamplingSettings
     from backends.speculation.types import DraftStopRule
 
@@ -49,6 +50,8 @@ class FixedLookup:
         rng: np.random.Generator,
         cancel: object,
         stop: DraftStopRule | None = None,
+        *,
+        grammar: GrammarMatcher | None = None,
     ) -> Draft:
         return Draft(self.proposal[:max_tokens], None, evidence=self.evidence)
 
@@ -75,7 +78,7 @@ class ModelLike:
     stats: DrafterStats = field(default_factory=DrafterStats)
     reads_at_most: int | None = None  # a reading window (None: what it has not seen)
 
-    def draft(self, *_args: object) -> Draft:
+    def draft(self, *_args: object, **_kwargs: object) -> Draft:
         raise AssertionError("the planner must not draft by itself")
 
     def unread(self, context: Sequence[int]) -> int:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from backends.engines.llama import LlamaEngine
     from backends.engines.worker_probe import WorkerStatus
+    from backends.speculation.grammar import GrammarMatcher
 
 VOCAB = 6
 DRAWS = 12_000
@@ -129,9 +130,11 @@ class RuledDrafter(DraftModelDrafter):
         rng: np.random.Generator,
         cancel: threading.Event | None,
         stop: DraftStopRule | None = None,
+        *,
+        grammar: GrammarMatcher | None = None,
     ) -> Draft:
         """Draft with this drafter's rule."""
-        return super().draft(context, max_tokens, sampling, rng, cancel, self.rule)
+        return super().draft(context, max_tokens, sampling, rng, cancel, self.rule, grammar=grammar)
 
 
 # Kept as often as the draft is sure (the planner's prior); a draft stops after one to

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from backends.engines.interface import LogitRows
     from backends.engines.llama import LlamaEngine
+    from backends.speculation.grammar import GrammarMatcher
     from backends.speculation.planner import DraftPlanner
     from backends.speculation.types import Drafter
 
@@ -305,6 +306,8 @@ class AnswerKnowingDrafter:
         rng: np.random.Generator,
         cancel: threading.Event | None,
         stop: DraftStopRule | None = None,
+        *,
+        grammar: GrammarMatcher | None = None,
     ) -> Draft:
         at = len(context) - self.prompt_length
         coming = self.answer[at : at + 3]

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from backends.engines.interface import LogitRows, ModelEngine
+    from backends.speculation.grammar import GrammarMatcher
     from backends.speculation.sampling import ProbArray, SamplingSettings
 
 
@@ -77,8 +78,14 @@ class LookupDrafter:
         rng: np.random.Generator,
         cancel: threading.Event | None,
         stop: DraftStopRule | None = None,
+        *,
+        grammar: GrammarMatcher | None = None,
     ) -> Draft:
-        """Propose up to ``max_tokens`` tokens from the lookup (``stop`` is for models)."""
+        """Propose up to ``max_tokens`` tokens from the lookup.
+
+        ``stop`` is for draft models; the loop cuts the proposal where it leaves the
+        ``grammar``.
+        """
         proposal, evidence = self.propose(context, max_tokens)
         return Draft(proposal, None, evidence=evidence)
 
@@ -193,11 +200,32 @@ class DraftModelDrafter:
         rng: np.random.Generator,
         cancel: threading.Event | None,
         stop: DraftStopRule | None = None,
+        *,
+        grammar: GrammarMatcher | None = None,
     ) -> Draft:
         """Run the draft model for up to ``max_tokens`` steps after catching its cache up.
 
-        ``stop``: the planner's rule for where to stop (None: at ``p_min``).
+        ``stop``: the planner's rule for where to stop (None: at ``p_min``). ``grammar``:
+        each step's row is masked by it, so the draft stays within the answer's grammar
+        (its confidence and, when sampling, q are the masked row's); the grammar is rolled
+        back to where it was before the draft.
         """
+        try:
+            return self._draft(context, max_tokens, sampling, rng, cancel, stop, grammar)
+        finally:
+            if grammar is not None:
+                grammar.rollback_draft()
+
+    def _draft(
+        self,
+        context: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingSettings,
+        rng: np.random.Generator,
+        cancel: threading.Event | None,
+        stop: DraftStopRule | None,
+        grammar: GrammarMatcher | None,
+    ) -> Draft:
         if self.sampling is not None and not sampling.greedy:
             sampling = self.sampling
         tokens: list[int] = []
@@ -215,7 +243,7 @@ class DraftModelDrafter:
         seconds: list[tuple[int, float]] = []
         reach = 1.0  # the stop rule's chance that every token so far is kept
         for step in range(max_tokens):
-            row = rows[-1]
+            row = rows[-1] if grammar is None else grammar.masked(rows[-1])
             q: ProbArray | None = None
             if distributions is None:
                 token = int(np.argmax(row))
@@ -240,6 +268,8 @@ class DraftModelDrafter:
             last_step = step + 1 == max_tokens
             if last_step or token in self._end_ids or (cancel is not None and cancel.is_set()):
                 break
+            if grammar is not None:
+                grammar.consume_drafted(token)
             if stop is not None and reach < stop.go_on_floor:
                 break
             started = time.perf_counter()

@@ -120,6 +120,7 @@ class GrammarMatcher:
             raise SettingsError(f"invalid grammar: {_one_line(self._matcher.get_error())}")
         self._width = engine.vocab.n_vocab
         self._ends = engine.vocab.end_of_generation_ids
+        self._drafted = 0  # tokens a draft model drafted into the grammar, to roll back
 
     @property
     def stopped(self) -> bool:
@@ -166,6 +167,17 @@ class GrammarMatcher:
             raise SettingsError(
                 f"the grammar refused token {token}: {_one_line(self._matcher.get_error())}"
             )
+
+    def consume_drafted(self, token: int) -> None:
+        """Move past a token a draft model drafted (undone by :meth:`rollback_draft`)."""
+        self.consume(token)
+        self._drafted += 1
+
+    def rollback_draft(self) -> None:
+        """Back to where the grammar stood before the draft model drafted."""
+        if self._drafted:
+            self._matcher.rollback(self._drafted)
+            self._drafted = 0
 
     def forced(self, limit: int) -> list[int]:
         """The next tokens the grammar allows alone (up to ``limit``), without consuming them.

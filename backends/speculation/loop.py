@@ -443,7 +443,13 @@ class _Generation:
         if self.planner is not None and not drafter.lookup:
             stop = self.planner.stop_rule(drafter, self.tree_rows)
         draft = drafter.draft(
-            self.context, max_tokens, self.sampling, self.draft_rng, self.cancel, stop
+            self.context,
+            max_tokens,
+            self.sampling,
+            self.draft_rng,
+            self.cancel,
+            stop,
+            grammar=self.grammar,
         )
         elapsed = time.perf_counter() - started
         self.stats.draft_seconds += elapsed

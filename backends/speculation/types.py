@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from backends.engines.interface import ModelEngine
+    from backends.speculation.grammar import GrammarMatcher
 
 DEFAULT_DRAFT_MAX = 3  # llama.cpp's --spec-draft-n-max default
 DEFAULT_DRAFT_MIN = 0
@@ -442,9 +443,13 @@ class Drafter(Protocol):
         rng: np.random.Generator,
         cancel: threading.Event | None,
         stop: DraftStopRule | None = None,
+        *,
+        grammar: GrammarMatcher | None = None,
     ) -> Draft:
         """Propose at most ``max_tokens`` tokens to follow ``context``.
 
         ``stop``: where a draft model stops (None: at its own p-min); lookups ignore it.
+        ``grammar``: the answer's grammar, which a draft model drafts within (it leaves the
+        grammar as it found it); the loop cuts a lookup's proposal where it leaves it.
         """
         ...
