@@ -206,3 +206,23 @@ def test_a_draft_model_drafts_within_the_grammar_and_leaves_it_as_it_was(
     assert matcher.allowed_prefix(held.tokens) == len(held.tokens)
     assert smollm_draft.detokenize(held.tokens).strip().isdigit()
     assert (matcher.allowed() == before).all()  # rolled back: as before the draft
+
+
+def test_the_structured_output_benchmark_runs_and_checks_the_texts(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine
+) -> None:
+    from backends.speculation.estimates import CostCache
+    from benchmarks.structured_output import PROMPTS, format_table, run_prompt
+
+    call = next(p for p in PROMPTS if p.key == "function-call")
+    result = run_prompt(smollm_target, smollm_draft, call, 1, 64, CostCache())
+    assert result.identical
+    assert len(result.speedups) == 1
+    assert result.speedups[0] > 0
+    answer = json.loads(result.text)
+    assert answer["name"] == "get_weather"
+    assert set(answer["arguments"]) == {"city", "country_code", "unit", "days"}
+    assert all(count > 0 for count in result.grammar_tokens)  # '"name":"get_weather"' at least
+    table = format_table([result], "a machine", 1)
+    assert "| function-call | " in table
+    assert table.rstrip().endswith("| yes |")
