@@ -226,3 +226,22 @@ def test_the_structured_output_benchmark_runs_and_checks_the_texts(
     table = format_table([result], "a machine", 1)
     assert "| function-call | " in table
     assert table.rstrip().endswith("| yes |")
+
+
+def test_a_seed_gives_plain_constrained_sampling_s_text_with_sample_match(
+    smollm_target: LlamaEngine, smollm_draft: LlamaEngine
+) -> None:
+    """Sample-match under a grammar: each emitted token is one draw of the target's own
+    stream from its masked row, the grammar's forced ones too, so a seed gives the text
+    plain constrained sampling gives."""
+    sampling = SamplingSettings(temperature=0.8, seed=7)
+    grammar = compile_grammar("json_schema", PERSON_SCHEMA)
+    settings = GenerationSettings(
+        max_tokens=160, sampling=sampling, grammar=grammar, verification="sample-match"
+    )
+    plain = SpeculativeDecoder(smollm_target)
+    prompt = plain.prompt_tokens(user(PERSON_PROMPT))
+    expected = run(plain, prompt, settings)
+    result = run(build_decoder("auto", smollm_target, smollm_draft), prompt, settings)
+    assert result.token_ids == expected.token_ids
+    assert result.stats.grammar_tokens_count > 0

@@ -225,10 +225,11 @@ class _Generation:
         self.exact_chunk: int | None = None
         if self.sampling.greedy and settings.exact_batches and limit is not None and limit >= 1:
             self.exact_chunk = limit
-        # The most tokens a batch with a sibling may hold (0: no siblings): greedy
-        # verification, an engine whose sibling rows are plain decoding's, the probed limit.
         # The answer's grammar (None: free text): it masks every row the target gives.
         self.grammar = GrammarMatcher(target, settings.grammar) if settings.grammar else None
+        # The most tokens a batch with a sibling may hold (0: no siblings): greedy
+        # verification, an engine whose sibling rows are plain decoding's, the probed limit,
+        # no grammar.
         self.tree_rows = 0
         if (
             settings.sibling_branches
