@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,6 +25,8 @@ from backends.speculation.types import GenerationResult, GenerationSettings, Tok
 from tests.conftest import user
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from backends.engines.llama import LlamaEngine
 
 PERSON_SCHEMA: dict[str, Any] = {
@@ -245,3 +248,20 @@ def test_a_seed_gives_plain_constrained_sampling_s_text_with_sample_match(
     result = run(build_decoder("auto", smollm_target, smollm_draft), prompt, settings)
     assert result.token_ids == expected.token_ids
     assert result.stats.grammar_tokens_count > 0
+
+
+def test_any_engine_follows_the_grammar_mlx_too(tiny_mlx_main: Path) -> None:
+    """The grammar's tokenizer comes from the engine's own token texts: a random MLX model
+    answers within the grammar too."""
+    from backends.engines.mlx import MlxEngine
+
+    grammar = compile_grammar("regex", "(def|for) [a-z]{1,8}")
+    with MlxEngine(tiny_mlx_main, n_ctx=256, probe_exact_batch=False) as engine:
+        decoder = SpeculativeDecoder(engine, [NgramSimpleDrafter()], adaptive=False)
+        prompt = decoder.prompt_tokens(user("def add(a, b):"))
+        for seed in (1, 2):
+            sampling = SamplingSettings(temperature=1.0, seed=seed)
+            settings = GenerationSettings(max_tokens=24, sampling=sampling, grammar=grammar)
+            result = run(decoder, prompt, settings)
+            assert re.fullmatch("(def|for) [a-z]{1,8}", result.text), result.text
+            assert result.stats.stop_reason == "eos"

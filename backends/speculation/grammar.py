@@ -83,7 +83,7 @@ def compile_grammar(kind: str, source: Any) -> str:
             raise SettingsError(
                 f"unknown grammar kind {kind!r} (one of {', '.join(GRAMMAR_KINDS)})"
             )
-    except (ValueError, TypeError, KeyError, GbnfToLarkError) as error:
+    except (ValueError, TypeError, GbnfToLarkError) as error:
         raise SettingsError(f"invalid {kind.replace('_', ' ')}: {_one_line(error)}") from None
     check_grammar(grammar, kind)
     return grammar
@@ -216,9 +216,9 @@ def _build_tokenizer(engine: ModelEngine) -> llguidance.LLTokenizer:
             special.append(token)
             text = b"\xff<special_%d>" % token
         tokens.append(text)
-    end = vocab.eos_id if vocab.eos_id is not None else min(vocab.end_of_generation_ids, default=0)
-    if end not in vocab.end_of_generation_ids and vocab.end_of_generation_ids:
-        end = min(vocab.end_of_generation_ids)
+    # The grammar's end: every end-of-generation token, the model's EOS first among them.
+    ends = sorted(vocab.end_of_generation_ids) or [vocab.eos_id or 0]
+    end = vocab.eos_id if vocab.eos_id in ends else ends[0]
 
     class _EngineTokenizer:
         """What llguidance's TokenizerWrapper reads."""
@@ -235,7 +235,6 @@ def _build_tokenizer(engine: ModelEngine) -> llguidance.LLTokenizer:
                 text = text.decode("utf-8", errors="replace")
             return engine.tokenize(text, add_special=False, parse_special=False)
 
-    ends = sorted(vocab.end_of_generation_ids) or [end]
     return LLTokenizer(TokenizerWrapper(_EngineTokenizer()), eos_token=ends)
 
 
