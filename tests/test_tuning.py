@@ -151,6 +151,10 @@ def test_stats_read_back_from_their_json_predict_the_same() -> None:
         return 1.0 + 0.25 * (size - 1)
 
     assert predict_speedup(back, 0.05, verify_cost) == predict_speedup(stats, 0.05, verify_cost)
+    # A file written before grammars has no grammar_tokens_count: it reads as 0.
+    older = {k: v for k, v in stats.as_dict().items() if k != "grammar_tokens_count"}
+    assert "grammar_tokens_count" in stats.as_dict()
+    assert SpeculationStats.from_dict(older).grammar_tokens_count == 0
 
 
 def _row(label: str, method: SpeculationMethod, speedup: float) -> TuningRow:

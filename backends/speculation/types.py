@@ -224,6 +224,7 @@ class SpeculationStats:
             "ignored_draft_tokens_count": self.ignored_draft_tokens_count,
             "sibling_tokens_count": self.sibling_tokens_count,
             "accepted_sibling_tokens_count": self.accepted_sibling_tokens_count,
+            "grammar_tokens_count": self.grammar_tokens_count,
             "acceptance_rate": self.acceptance_rate,
             "acceptance_by_position": self.acceptance_by_position,
             "verified_at_position": list(self.verified_at_position),
@@ -251,9 +252,10 @@ class SpeculationStats:
         """The counts and times back from :meth:`as_dict`'s data (its JSON, read back).
 
         The per-position and per-length counts come back too; the per-method figures and
-        the stop reason do not.
+        the stop reason do not. A count newer than the data (``grammar_tokens_count`` in
+        files written before grammars) reads as 0.
         """
-        stats = cls(**{name: data[name] for name in ADDITIVE_STATS})
+        stats = cls(**{name: data[name] for name in ADDITIVE_STATS if name in data})
         stats.verified_at_position = list(data["verified_at_position"])
         stats.accepted_at_position = list(data["accepted_at_position"])
         stats.draft_length_counts = {int(k): v for k, v in data["draft_length_counts"].items()}
