@@ -21,7 +21,8 @@ from backends.speculation.loop import GRAMMAR_METHOD, SpeculativeDecoder
 from backends.speculation.methods import build_decoder
 from backends.speculation.ngram import NgramSimpleDrafter
 from backends.speculation.sampling import SamplingSettings
-from backends.speculation.types import GenerationResult, GenerationSettings, TokenOrigin
+from backends.speculation.types import GenerationSettings, TokenOrigin
+from benchmarks.structured_output import answer as run  # from empty caches
 from tests.conftest import user
 
 if TYPE_CHECKING:
@@ -56,16 +57,6 @@ def assert_person(text: str) -> dict[str, Any]:
     assert isinstance(person["languages"], list)
     assert all(isinstance(language, str) for language in person["languages"])
     return person
-
-
-def run(
-    decoder: SpeculativeDecoder, prompt: list[int], settings: GenerationSettings
-) -> GenerationResult:
-    decoder.target.truncate(0)
-    for drafter in decoder.drafters:
-        if drafter.engine is not None:
-            drafter.engine.truncate(0)
-    return decoder.run(prompt, settings)
 
 
 @pytest.mark.parametrize(
