@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import threading
     from collections.abc import Sequence
 
+    from backends.engines.interface import ToolFormat, ToolFunction
     from backends.engines.llama import LlamaEngine
     from backends.engines.worker_probe import WorkerStatus
     from backends.speculation.grammar import GrammarMatcher
@@ -59,7 +60,11 @@ class BigramEngine:
     def token_bytes(self, token: int) -> bytes:
         return bytes([65 + token])
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
+    tool_format: ToolFormat = "hermes"
+
+    def chat_prompt(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolFunction] = ()
+    ) -> str:
         return ""
 
     def evaluate(self, tokens: Sequence[int], logit_rows: int) -> LogitRows:

@@ -21,7 +21,13 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from backends.engines.chat_template import ChatTemplate
-    from backends.engines.interface import ChatMessage, LogitRows, VocabFacts
+    from backends.engines.interface import (
+        ChatMessage,
+        LogitRows,
+        ToolFormat,
+        ToolFunction,
+        VocabFacts,
+    )
     from backends.engines.worker_probe import WorkerStatus
     from backends.models.gguf_info import ModelInfo
 
@@ -134,10 +140,20 @@ class EngineBase:
         """Token ids back to text."""
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How the model writes a tool call (from its chat template)."""
+        return self._template.tool_format
+
+    def chat_prompt(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolFunction] = ()
+    ) -> str:
         """Render the model's own chat template for the next assistant turn."""
         return self._template.render(
-            messages, self._token_text(self.vocab.bos_id), self._token_text(self.vocab.eos_id)
+            messages,
+            self._token_text(self.vocab.bos_id),
+            self._token_text(self.vocab.eos_id),
+            tools,
         )
 
     def _token_piece(self, token: int) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -12,21 +12,51 @@ import numpy.typing as npt
 from backends.errors import EngineError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
+# How a model writes a tool call, as its chat template shows it (Hermes' <tool_call> blocks,
+# Llama 3's bare JSON, Mistral's [TOOL_CALLS] list; backends.service.api.tool_calls).
+ToolFormat = Literal["hermes", "llama3", "mistral"]
 # The context (KV cache) size a model is loaded with unless asked otherwise, everywhere.
 DEFAULT_CONTEXT_SIZE = 4096
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function the assistant called: the call's id, the function and its arguments.
+
+    ``arguments`` is the text of a JSON object, as OpenAI's API carries it.
+    """
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolFunction:
+    """A function offered to the model: its name, what it does, its parameters' JSON schema."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    """One turn of a conversation."""
+    """One turn of a conversation.
+
+    An assistant's turn may call tools (``tool_calls``); a ``tool`` turn is one call's
+    result, ``tool_call_id`` naming the call.
+    """
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -187,8 +217,18 @@ class ModelEngine(Protocol):
         """The raw bytes of one token's text (may be part of a UTF-8 character)."""
         ...
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
-        """The model's own chat template applied to ``messages``, ready for the assistant turn."""
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How the model writes a tool call, as its chat template shows it."""
+        ...
+
+    def chat_prompt(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolFunction] = ()
+    ) -> str:
+        """The model's own chat template applied to ``messages``, ready for the assistant turn.
+
+        ``tools``: the functions the model may call, rendered as the template renders them.
+        """
         ...
 
     def evaluate(self, tokens: Sequence[int], logit_rows: int) -> LogitRows:

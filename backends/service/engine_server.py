@@ -411,7 +411,7 @@ class _EngineBackend:
         path = pair.request.main_path if which == "main" else pair.request.draft_path
         if engine is None or path is None:
             return None
-        return ServedModel.of(path, engine.name)
+        return ServedModel.of_engine(path, engine)
 
     @property
     def main(self) -> ServedModel | None:

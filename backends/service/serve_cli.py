@@ -187,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def load() -> tuple[LoadedPair, ServedModel, ServedModel | None]:
         pair = open_pair(request, import_progress=imports)
-        main_model = ServedModel.of(request.main_path, pair.main.name)
+        main_model = ServedModel.of_engine(request.main_path, pair.main)
         draft_model = (
-            ServedModel.of(request.draft_path, pair.draft.name)
+            ServedModel.of_engine(request.draft_path, pair.draft)
             if pair.draft is not None and request.draft_path is not None
             else None
         )

@@ -83,7 +83,7 @@ if TYPE_CHECKING:
     import threading
     from collections.abc import Iterator, Sequence
 
-    from backends.engines.interface import ChatMessage, ModelEngine
+    from backends.engines.interface import ChatMessage, ModelEngine, ToolFunction
     from backends.speculation.rounds import RoundPlan
 
 
@@ -150,9 +150,11 @@ class SpeculativeDecoder:
                     drafter.fit_reading(costs.cost, target_costs.cost(1))
         return self._planner
 
-    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """Apply the target's chat template and tokenize, as the model expects."""
-        prompt = self.target.chat_prompt(messages)
+    def prompt_tokens(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolFunction] = ()
+    ) -> list[int]:
+        """Apply the target's chat template (with the offered tools) and tokenize."""
+        prompt = self.target.chat_prompt(messages, tools)
         return self.target.tokenize(prompt, add_special=True, parse_special=True)
 
     def generate(

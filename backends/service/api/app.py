@@ -2,7 +2,9 @@
 
 A completion handler parses its request (:mod:`.parsing`), submits a job to the backend
 (:mod:`.jobs`) and writes the job's events back in OpenAI's wire format (:mod:`.wire`),
-whole or streamed.
+whole or streamed; where the request offers tools, the answer's calls are read out of its
+text (:mod:`.tool_calls`). ``/v1/responses`` is the same request in the Responses API's
+words (:mod:`.responses`), answered as a response object or its stream of events.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from backends.errors import SettingsError
 from backends.service.api.errors import ApiError
 from backends.service.api.jobs import MAX_QUEUED_REQUESTS, ApiJob, JobFailed
 from backends.service.api.parsing import parse_request
+from backends.service.api.responses import ResponseAnswer, chat_body
+from backends.service.api.tool_calls import ToolCallReader
 from backends.service.api.wire import (
     Answer,
     finish_reason,
@@ -27,6 +31,7 @@ from backends.service.api.wire import (
     lmstudio_stats,
     origins,
     sse,
+    tool_call_dicts,
     usage,
 )
 from backends.service.generation_options import GenerationOptions
@@ -37,6 +42,7 @@ from backends.speculation.types import GenerationUpdate, SpeculationStats
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from backends.engines.interface import ToolCall
     from backends.service.api.jobs import GenerationBackend, JobEvent
     from backends.service.api.parsing import Endpoint, ParsedRequest
 
@@ -93,6 +99,7 @@ class ApiServer:
         self.app.router.add_get("/v1/models", self._models)
         self.app.router.add_post("/v1/chat/completions", self._chat)
         self.app.router.add_post("/v1/completions", self._completion)
+        self.app.router.add_post("/v1/responses", self._responses)
         if self.settings.cors_origins:
             self.app.router.add_route("OPTIONS", "/{tail:.*}", self._preflight)
 
@@ -161,6 +168,10 @@ class ApiServer:
             "cancelled": backend.counts.cancelled,
             "n_ctx": backend.n_ctx,
             "unavailable": backend.unavailable,
+            "notes": [
+                "/v1/responses is stateless: no response is stored (store is always false), "
+                "so previous_response_id is refused; send the whole conversation in 'input'",
+            ],
         }
         return web.json_response({"object": "list", "data": data, "specdeck": status})
 
@@ -170,32 +181,66 @@ class ApiServer:
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, "completion")
 
-    async def _complete(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    @staticmethod
+    async def _body(request: web.Request) -> Any:
         try:
-            body = await request.json(loads=json.loads)
+            return await request.json(loads=json.loads)
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ApiError(400, f"the request body is not valid JSON ({error})") from None
-        parsed = parse_request(endpoint, body, self.backend, self.defaults)
-        model = self.backend.main
-        assert model is not None
+
+    async def _started(self, parsed: ParsedRequest) -> tuple[asyncio.Queue[JobEvent], ApiJob]:
+        """Submit the request's job and wait until it starts (its error raised, if it fails)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[JobEvent] = asyncio.Queue()
 
         def deliver(event: JobEvent) -> None:
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-        job = ApiJob(parsed.messages, parsed.text, parsed.settings, parsed.method, deliver)
+        job = ApiJob(
+            parsed.messages,
+            parsed.text,
+            parsed.settings,
+            parsed.method,
+            deliver,
+            tools=parsed.tools.offered if parsed.tools else (),
+        )
         self.backend.submit(job)
         try:
             first = await events.get()
-            if isinstance(first, JobFailed):
-                raise first.error
+        except BaseException:
+            job.cancel.set()
+            raise
+        if isinstance(first, JobFailed):
+            raise first.error
+        return events, job
+
+    async def _complete(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        body = await self._body(request)
+        parsed = parse_request(endpoint, body, self.backend, self.defaults)
+        model = self.backend.main
+        assert model is not None
+        events, job = await self._started(parsed)
+        try:
             answer = Answer(parsed.endpoint, model)
             if parsed.stream:
                 return await self._stream(request, parsed, answer, events, job)
-            return await self._whole(request, answer, events, job)
+            return await self._whole(request, parsed, answer, events, job)
         finally:
             job.cancel.set()  # a no-op once finished; stops a job whose client went away
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        parsed = parse_request("chat", chat_body(body), self.backend, self.defaults)
+        model = self.backend.main
+        assert model is not None
+        events, job = await self._started(parsed)
+        try:
+            answer = ResponseAnswer(body, model)
+            if parsed.stream:
+                return await self._stream_response(request, parsed, answer, events, job)
+            return await self._whole_response(request, parsed, answer, events, job)
+        finally:
+            job.cancel.set()
 
     async def _updates(
         self, events: asyncio.Queue[JobEvent], request: web.Request, job: ApiJob
@@ -212,19 +257,54 @@ class ApiServer:
                 if event.finished:
                     return
 
+    def _tool_call_reader(self, parsed: ParsedRequest) -> ToolCallReader | None:
+        """What reads the answer's tool calls, where the request offers tools."""
+        if parsed.tools is None or not parsed.tools.offered:
+            return None
+        assert self.backend.main is not None
+        names = [function.name for function in parsed.tools.offered]
+        return ToolCallReader(self.backend.main.tool_format, names)
+
+    def _marked_text(self, update: GenerationUpdate) -> str:
+        """A round's text as the tool-call reader reads it: special markers written out."""
+        assert self.backend.main is not None
+        markers = {token: text for text, token in self.backend.main.tool_markers.items()}
+        return "".join(markers.get(t.token_id, t.text) for t in update.tokens)
+
     async def _whole(
-        self, request: web.Request, answer: Answer, events: asyncio.Queue[JobEvent], job: ApiJob
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        answer: Answer,
+        events: asyncio.Queue[JobEvent],
+        job: ApiJob,
     ) -> web.Response:
         texts: list[str] = []
         tokens: list[dict[str, Any]] = []
         stats = SpeculationStats()
+        marked: list[str] = []  # the text with the tool-call markers' special tokens written out
         async for update in self._updates(events, request, job):
             texts.extend(token.text for token in update.tokens)
+            marked.append(self._marked_text(update))
             tokens.extend(origins(update))
             stats = update.stats
+        text = "".join(texts)
+        calls: list[ToolCall] = []
+        reader = self._tool_call_reader(parsed)
+        if reader is not None:
+            content, calls = reader.feed("".join(marked))
+            rest, more = reader.finish()
+            calls += more
+            text = (content + rest).strip() if calls else content + rest
         body = answer.envelope(chunk=False)
         body["choices"] = [
-            answer.choice("".join(texts), finish_reason(stats), chunk=False, first=True)
+            answer.choice(
+                text,
+                finish_reason(stats, called=bool(calls)),
+                chunk=False,
+                first=True,
+                tool_calls=tool_call_dicts(calls),
+            )
         ]
         body["usage"] = usage(stats)
         body["stats"] = lmstudio_stats(stats, self.backend.draft)
@@ -246,18 +326,37 @@ class ApiServer:
         await response.prepare(request)
         first = True
         stats = SpeculationStats()
+        reader = self._tool_call_reader(parsed)
+        called = 0
         try:
             async for update in self._updates(events, request, job):
                 stats = update.stats
                 text = "".join(token.text for token in update.tokens)
-                if update.tokens or first:
+                calls: list[ToolCall] = []
+                if reader is not None:
+                    text, calls = reader.feed(self._marked_text(update))
+                    if update.finished:
+                        rest, more = reader.finish()
+                        text, calls = text + rest, calls + more
+                if update.tokens or first or calls:
                     chunk = answer.envelope(chunk=True)
-                    chunk["choices"] = [answer.choice(text, None, chunk=True, first=first)]
+                    chunk["choices"] = [
+                        answer.choice(
+                            text,
+                            None,
+                            chunk=True,
+                            first=first,
+                            tool_calls=tool_call_dicts(calls, first_index=called),
+                        )
+                    ]
                     chunk["specdeck"] = {"tokens": origins(update)}
                     await response.write(sse(chunk))
                     first = False
+                called += len(calls)
             last = answer.envelope(chunk=True)
-            last["choices"] = [answer.choice("", finish_reason(stats), chunk=True, first=False)]
+            last["choices"] = [
+                answer.choice("", finish_reason(stats, called=called > 0), chunk=True, first=False)
+            ]
             last["stats"] = lmstudio_stats(stats, self.backend.draft)
             last["timings"] = llama_timings(stats)
             await response.write(sse(last))
@@ -277,3 +376,171 @@ class ApiServer:
             # Headers are out: say it in the stream, as OpenAI does.
             await response.write(sse(error.body()))
         return response
+
+    # -- the Responses API ---------------------------------------------------------------
+
+    async def _whole_response(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        answer: ResponseAnswer,
+        events: asyncio.Queue[JobEvent],
+        job: ApiJob,
+    ) -> web.Response:
+        texts: list[str] = []
+        tokens: list[dict[str, Any]] = []
+        stats = SpeculationStats()
+        marked: list[str] = []  # the text with the tool-call markers' special tokens written out
+        async for update in self._updates(events, request, job):
+            texts.extend(token.text for token in update.tokens)
+            marked.append(self._marked_text(update))
+            tokens.extend(origins(update))
+            stats = update.stats
+        text = "".join(texts)
+        calls: list[ToolCall] = []
+        reader = self._tool_call_reader(parsed)
+        if reader is not None:
+            content, calls = reader.feed("".join(marked))
+            rest, more = reader.finish()
+            calls += more
+            text = (content + rest).strip() if calls else content + rest
+        answer.finished_output(text, calls)
+        body = answer.response("completed", stats, self.backend.draft)
+        body["specdeck"]["tokens"] = tokens
+        return web.json_response(body)
+
+    async def _stream_response(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        answer: ResponseAnswer,
+        events: asyncio.Queue[JobEvent],
+        job: ApiJob,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        stream = _ResponseStream(answer, response)
+        await stream.send("response.created", response=answer.response("in_progress", None, None))
+        await stream.send(
+            "response.in_progress", response=answer.response("in_progress", None, None)
+        )
+        reader = self._tool_call_reader(parsed)
+        stats = SpeculationStats()
+        tokens: list[dict[str, Any]] = []
+        try:
+            async for update in self._updates(events, request, job):
+                stats = update.stats
+                tokens.extend(origins(update))
+                text = "".join(token.text for token in update.tokens)
+                calls: list[ToolCall] = []
+                if reader is not None:
+                    text, calls = reader.feed(self._marked_text(update))
+                    if update.finished:
+                        rest, more = reader.finish()
+                        text, calls = text + rest, calls + more
+                if text:
+                    await stream.text(text)
+                for call in calls:
+                    await stream.call(call)
+            await stream.close_message()
+            final = answer.response("completed", stats, self.backend.draft)
+            final["specdeck"]["tokens"] = tokens
+            kind = (
+                "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+            )
+            await stream.send(kind, response=final)
+        except ConnectionResetError:
+            job.cancel.set()
+            log.info("a client left mid-stream; its generation is cancelled")
+        except asyncio.CancelledError:
+            job.cancel.set()
+            raise
+        except ApiError as error:
+            await stream.send("error", **error.body()["error"])
+        return response
+
+
+class _ResponseStream:
+    """Writes a response's output items as the Responses API streams them."""
+
+    def __init__(self, answer: ResponseAnswer, response: web.StreamResponse) -> None:
+        self.answer = answer
+        self.response = response
+        self.message_index: int | None = None  # the open message item's place in the output
+        self.text_so_far = ""
+
+    async def send(self, kind: str, **fields: Any) -> None:
+        await self.response.write(self.answer.event(kind, **fields))
+
+    async def text(self, text: str) -> None:
+        """More of the answer's text: the message item opens with its first piece."""
+        answer = self.answer
+        if self.message_index is None:
+            self.message_index = len(answer.output)
+            item = answer.message_item("", "in_progress")
+            answer.output.append(item)
+            await self.send(
+                "response.output_item.added", output_index=self.message_index, item=item
+            )
+            await self.send(
+                "response.content_part.added",
+                item_id=answer.message_id,
+                output_index=self.message_index,
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": []},
+            )
+        self.text_so_far += text
+        await self.send(
+            "response.output_text.delta",
+            item_id=answer.message_id,
+            output_index=self.message_index,
+            content_index=0,
+            delta=text,
+        )
+
+    async def close_message(self) -> None:
+        """The message item is complete (a call follows, or the answer ended)."""
+        if self.message_index is None:
+            return
+        answer, index, text = self.answer, self.message_index, self.text_so_far
+        self.message_index = None
+        await self.send(
+            "response.output_text.done",
+            item_id=answer.message_id,
+            output_index=index,
+            content_index=0,
+            text=text,
+        )
+        part = {"type": "output_text", "text": text, "annotations": []}
+        await self.send(
+            "response.content_part.done",
+            item_id=answer.message_id,
+            output_index=index,
+            content_index=0,
+            part=part,
+        )
+        answer.output[index] = answer.message_item(text)
+        await self.send("response.output_item.done", output_index=index, item=answer.output[index])
+
+    async def call(self, call: ToolCall) -> None:
+        """A whole tool call: its item added, its arguments, its item done."""
+        await self.close_message()
+        answer = self.answer
+        index = len(answer.output)
+        done = answer.call_item(call)
+        answer.output.append(done)
+        await self.send(
+            "response.output_item.added",
+            output_index=index,
+            item=answer.call_item(call, "in_progress"),
+        )
+        for kind, key in (("delta", "delta"), ("done", "arguments")):
+            await self.send(
+                f"response.function_call_arguments.{kind}",
+                item_id=done["id"],
+                output_index=index,
+                **{key: call.arguments},
+            )
+        await self.send("response.output_item.done", output_index=index, item=done)

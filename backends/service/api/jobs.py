@@ -10,7 +10,7 @@ behind the window); the backend runs jobs one at a time and delivers each one's 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,9 +19,9 @@ from backends.service.api.errors import ApiError
 from backends.speculation.types import GenerationUpdate
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
-    from backends.engines.interface import ChatMessage
+    from backends.engines.interface import ChatMessage, ModelEngine, ToolFormat, ToolFunction
     from backends.speculation.methods import SpeculationMethod
     from backends.speculation.types import GenerationSettings, SpeculationStats
 
@@ -35,18 +35,30 @@ class ServedModel:
     id: str
     name: str
     path: str
+    tool_format: ToolFormat = "hermes"  # how the model writes tool calls
+    # Tool-call markers the model writes as one special token (no text): text -> token id.
+    tool_markers: Mapping[str, int] = field(default_factory=dict)
 
     def is_named_by(self, text: str) -> bool:
         """Whether a request's ``model`` or ``draft_model`` field means this model."""
         return text in (self.id, self.name, self.path)
 
     @classmethod
-    def of(cls, path: str, name: str) -> ServedModel:
+    def of(cls, path: str, name: str, tool_format: ToolFormat = "hermes") -> ServedModel:
         """How the API names a loaded model: its file or folder name without ``.gguf``."""
         stem = Path(path).name
         if stem.lower().endswith(".gguf"):
             stem = stem[: -len(".gguf")]
-        return cls(id=stem, name=name, path=path)
+        return cls(id=stem, name=name, path=path, tool_format=tool_format)
+
+    @classmethod
+    def of_engine(cls, path: str, engine: ModelEngine) -> ServedModel:
+        """A loaded engine as the API names it, with how it writes tool calls."""
+        from backends.service.api.tool_calls import marker_tokens
+
+        return replace(
+            cls.of(path, engine.name, engine.tool_format), tool_markers=marker_tokens(engine)
+        )
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,7 @@ class ApiJob:
     method: SpeculationMethod | None
     deliver: Callable[[JobEvent], None]
     cancel: threading.Event = field(default_factory=threading.Event)
+    tools: tuple[ToolFunction, ...] = ()  # chat completions: the functions offered
 
 
 class GenerationBackend(Protocol):

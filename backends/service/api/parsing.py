@@ -10,13 +10,16 @@ A bad field is an :class:`ApiError` naming it in ``param``.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from backends.engines.interface import ChatMessage
+from backends.engines.interface import ChatMessage, ToolCall, ToolFunction
 from backends.errors import SettingsError
 from backends.service.api.errors import ApiError
+from backends.service.api.tool_calls import ToolChoice, tool_call_grammar
 from backends.service.generation_options import (
     VERIFICATIONS,
     GenerationOptions,
@@ -28,13 +31,14 @@ from backends.speculation.methods import parse_method
 from backends.speculation.types import DEFAULT_MAX_TOKENS
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
-    from backends.service.api.jobs import GenerationBackend
+    from backends.service.api.jobs import GenerationBackend, ServedModel
     from backends.speculation.methods import SpeculationMethod
     from backends.speculation.types import GenerationSettings
 
 MAX_STOP_STRINGS = 4  # as OpenAI allows
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 
 Endpoint = Literal["chat", "completion"]
 
@@ -60,6 +64,20 @@ _SPECULATION_FIELDS: tuple[
 
 
 @dataclass(frozen=True)
+class ToolRequest:
+    """The functions a request offers, whether and how one must be called."""
+
+    functions: tuple[ToolFunction, ...]
+    choice: ToolChoice
+    parallel: bool = True  # more than one call in an answer
+
+    @property
+    def offered(self) -> tuple[ToolFunction, ...]:
+        """The functions the prompt shows the model (none under ``tool_choice`` "none")."""
+        return () if self.choice.mode == "none" else self.functions
+
+
+@dataclass(frozen=True)
 class ParsedRequest:
     """A completion request, checked.
 
@@ -75,6 +93,7 @@ class ParsedRequest:
     method: SpeculationMethod | None
     stream: bool
     include_usage: bool
+    tools: ToolRequest | None = None  # chat completions: the functions offered, the choice
 
 
 def _number(body: Mapping[str, Any], key: str, kind: type, default: Any = None) -> Any:
@@ -107,7 +126,11 @@ def _content_text(content: Any, index: int) -> str:
 
 
 def parse_messages(raw: Any) -> tuple[ChatMessage, ...]:
-    """OpenAI's ``messages`` as chat messages (system, user, assistant; developer = system)."""
+    """OpenAI's ``messages`` as chat messages (developer = system).
+
+    An assistant message may carry ``tool_calls`` (and no content); a ``tool`` message is a
+    call's result, naming the call by ``tool_call_id``.
+    """
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     messages = []
@@ -117,12 +140,64 @@ def parse_messages(raw: Any) -> tuple[ChatMessage, ...]:
         role = message.get("role")
         if role == "developer":
             role = "system"
-        if role not in ("system", "user", "assistant"):
+        if role not in ("system", "user", "assistant", "tool"):
             raise ApiError(
-                400, f"messages[{index}].role must be system, user or assistant", param="messages"
+                400,
+                f"messages[{index}].role must be system, user, assistant or tool",
+                param="messages",
             )
-        messages.append(ChatMessage(role, _content_text(message.get("content"), index)))
+        calls: tuple[ToolCall, ...] = ()
+        if role == "assistant" and message.get("tool_calls"):
+            calls = _tool_calls(message["tool_calls"], index)
+        content = message.get("content")
+        text = "" if content is None and calls else _content_text(content, index)
+        call_id = None
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise ApiError(
+                    400,
+                    f"messages[{index}].tool_call_id must name the call this result answers",
+                    param="messages",
+                )
+        messages.append(ChatMessage(role, text, calls, call_id))
     return tuple(messages)
+
+
+def _tool_calls(raw: Any, index: int) -> tuple[ToolCall, ...]:
+    """An assistant message's ``tool_calls``: id, function name, arguments (a JSON object)."""
+    where = f"messages[{index}].tool_calls"
+    if not isinstance(raw, list):
+        raise ApiError(400, f"{where} must be a list", param="messages")
+    calls = []
+    for number, call in enumerate(raw):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ApiError(
+                400, f"{where}[{number}].function must be an object with a name", param="messages"
+            )
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else None
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise ApiError(
+                400,
+                f"{where}[{number}].function.arguments must be a JSON object's text",
+                param="messages",
+            )
+        call_id = call.get("id")
+        calls.append(
+            ToolCall(
+                call_id if isinstance(call_id, str) else f"call_{index}_{number}",
+                function["name"],
+                arguments,
+            )
+        )
+    return tuple(calls)
 
 
 def _check_models(body: Mapping[str, Any], backend: GenerationBackend) -> None:
@@ -220,11 +295,12 @@ def _speculation(body: Mapping[str, Any], options: GenerationOptions) -> Specula
         raise ApiError(400, str(error), param="specdeck.method") from None
 
 
-def _grammar(body: Mapping[str, Any]) -> str | None:
-    """The grammar the answer must follow (None: free text).
+def _grammar(body: Mapping[str, Any]) -> tuple[str | None, Any]:
+    """The grammar the answer must follow (None: free text), and the response's JSON schema.
 
-    OpenAI's ``response_format`` (``json_object``, ``json_schema``) or llama.cpp's
-    ``grammar`` (GBNF). A schema or grammar that cannot be compiled is a 400 naming the problem.
+    OpenAI's ``response_format`` (``json_object``, ``json_schema``; the schema is returned
+    too, for a tool-call grammar to offer it beside the calls) or llama.cpp's ``grammar``
+    (GBNF). A schema or grammar that cannot be compiled is a 400 naming the problem.
     """
     response_format = body.get("response_format")
     grammar_text = body.get("grammar")
@@ -232,16 +308,16 @@ def _grammar(body: Mapping[str, Any]) -> str | None:
         raise ApiError(400, "give 'response_format' or 'grammar', not both", param="grammar")
     try:
         if grammar_text is not None:
-            return compile_grammar("gbnf", grammar_text)
+            return compile_grammar("gbnf", grammar_text), None
         if response_format is None:
-            return None
+            return None, None
         if not isinstance(response_format, dict):
             raise ApiError(400, "'response_format' must be an object", param="response_format")
         kind = response_format.get("type")
         if kind == "text":
-            return None
+            return None, None
         if kind == "json_object":
-            return compile_grammar("json_schema", ANY_JSON_OBJECT)
+            return compile_grammar("json_schema", ANY_JSON_OBJECT), ANY_JSON_OBJECT
         if kind == "json_schema":
             spec = response_format.get("json_schema")
             if not isinstance(spec, dict) or "schema" not in spec:
@@ -250,7 +326,7 @@ def _grammar(body: Mapping[str, Any]) -> str | None:
                     "'response_format.json_schema' must be an object with a 'schema'",
                     param="response_format.json_schema",
                 )
-            return compile_grammar("json_schema", spec["schema"])
+            return compile_grammar("json_schema", spec["schema"]), spec["schema"]
     except SettingsError as error:
         param = "grammar" if grammar_text is not None else "response_format"
         raise ApiError(400, str(error), param=param) from None
@@ -259,6 +335,116 @@ def _grammar(body: Mapping[str, Any]) -> str | None:
         "'response_format.type' must be 'text', 'json_object' or 'json_schema'",
         param="response_format.type",
     )
+
+
+def _tools(body: Mapping[str, Any]) -> ToolRequest | None:
+    """OpenAI's ``tools``, ``tool_choice`` and ``parallel_tool_calls``; None: no tools."""
+    raw = body.get("tools")
+    choice_raw = body.get("tool_choice")
+    if raw is None or raw == []:
+        if choice_raw is not None and choice_raw != "none":
+            raise ApiError(400, "'tool_choice' is allowed only with 'tools'", param="tool_choice")
+        return None
+    if not isinstance(raw, list):
+        raise ApiError(400, "'tools' must be a list of functions", param="tools")
+    functions: list[ToolFunction] = []
+    for index, tool in enumerate(raw):
+        functions.append(_tool_function(tool, index))
+    names = [function.name for function in functions]
+    for name in names:
+        if names.count(name) > 1:
+            raise ApiError(400, f"the function {name!r} is among the tools twice", param="tools")
+    choice = _tool_choice(choice_raw, names)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ApiError(
+            400, "'parallel_tool_calls' must be true or false", param="parallel_tool_calls"
+        )
+    return ToolRequest(tuple(functions), choice, parallel)
+
+
+def _tool_function(tool: Any, index: int) -> ToolFunction:
+    """One of ``tools``: ``{"type": "function", "function": {name, description, parameters}}``."""
+    where = f"tools[{index}]"
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+        raise ApiError(400, f"{where} must be a function tool", param=where)
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise ApiError(400, f"{where}.function must be an object", param=f"{where}.function")
+    name = function.get("name")
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+        raise ApiError(
+            400,
+            f"{where}.function.name must be 1 to 64 letters, digits, '_' or '-'",
+            param=f"{where}.function.name",
+        )
+    description = function.get("description", "")
+    if not isinstance(description, str):
+        raise ApiError(
+            400,
+            f"{where}.function.description must be a string",
+            param=f"{where}.function.description",
+        )
+    parameters = function.get("parameters") or {}
+    try:
+        compile_grammar("json_schema", parameters)
+    except SettingsError as error:
+        raise ApiError(400, str(error), param=f"{where}.function.parameters") from None
+    return ToolFunction(name, description, parameters)
+
+
+def _tool_choice(raw: Any, names: Sequence[str]) -> ToolChoice:
+    """``tool_choice``: "auto" (the default), "none", "required" or one named function."""
+    if raw is None:
+        return ToolChoice("auto")
+    if raw in ("auto", "none", "required"):
+        return ToolChoice(raw)
+    function = raw.get("function") if isinstance(raw, dict) else None
+    if isinstance(function, dict) and isinstance(function.get("name"), str):
+        if function["name"] not in names:
+            raise ApiError(
+                400,
+                f"tool_choice: {function['name']!r} is not among the tools",
+                param="tool_choice",
+            )
+        return ToolChoice("function", function["name"])
+    raise ApiError(
+        400,
+        "'tool_choice' must be 'auto', 'none', 'required' or "
+        '{"type": "function", "function": {"name": ...}}',
+        param="tool_choice",
+    )
+
+
+def _with_tools(
+    options: GenerationOptions,
+    tools: ToolRequest,
+    model: ServedModel,
+    response_schema: Any,
+) -> None:
+    """Put the grammar that shapes the tool calls (if the choice needs one) into ``options``."""
+    if tools.choice.mode == "none":
+        return
+    if "grammar" in options and response_schema is None:  # llama.cpp's GBNF
+        raise ApiError(
+            400,
+            "a 'grammar' and 'tools' together need tool_choice 'none'",
+            param="grammar",
+        )
+    source = tool_call_grammar(
+        model.tool_format,
+        tools.functions,
+        tools.choice,
+        response_schema,
+        parallel=tools.parallel,
+        markers=model.tool_markers,
+    )
+    if source is None:
+        return
+    try:
+        options["grammar"] = compile_grammar("lark", source)
+    except SettingsError as error:
+        raise ApiError(400, str(error), param="tools") from None
 
 
 def _resolved(defaults: Mapping[str, Any] | None, options: GenerationOptions) -> GenerationSettings:
@@ -308,9 +494,13 @@ def parse_request(
             options[key] = value
     _resolved(defaults, options)  # a bad sampling value is named before the speculation fields
     method = _speculation(body, options)
-    grammar = _grammar(body)
+    grammar, response_schema = _grammar(body)
     if grammar is not None:
         options["grammar"] = grammar
+    tools = _tools(body) if endpoint == "chat" else None
+    if tools is not None:
+        assert backend.main is not None  # _check_models said so
+        _with_tools(options, tools, backend.main, response_schema)
     settings = _resolved(defaults, options)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -327,4 +517,5 @@ def parse_request(
         method,
         stream,
         bool(stream_options.get("include_usage", False)),
+        tools,
     )

@@ -12,6 +12,9 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from backends.engines.interface import ToolCall
     from backends.service.api.jobs import ServedModel
     from backends.service.api.parsing import Endpoint
     from backends.speculation.types import GenerationUpdate, SpeculationStats, StopReason
@@ -34,9 +37,28 @@ LMSTUDIO_STOP_REASONS: dict[StopReason, str] = {
 }
 
 
-def finish_reason(stats: SpeculationStats) -> str:
-    """OpenAI's ``finish_reason`` for how a generation stopped."""
+def finish_reason(stats: SpeculationStats, called: bool = False) -> str:
+    """OpenAI's ``finish_reason`` for how a generation stopped (``called``: with tool calls)."""
+    if called:
+        return "tool_calls"
     return FINISH_REASONS.get(stats.stop_reason or "eos", "stop")
+
+
+def tool_call_dicts(
+    calls: Sequence[ToolCall], first_index: int | None = None
+) -> list[dict[str, Any]]:
+    """Calls as OpenAI writes them: in a message, or (``first_index`` given) in a delta."""
+    dicts = []
+    for number, call in enumerate(calls):
+        entry: dict[str, Any] = {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        if first_index is not None:
+            entry = {"index": first_index + number, **entry}
+        dicts.append(entry)
+    return dicts
 
 
 def lmstudio_stats(stats: SpeculationStats, draft: ServedModel | None) -> dict[str, Any]:
@@ -108,16 +130,32 @@ class Answer:
         kind = self.object + (".chunk" if chunk and self.endpoint == "chat" else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model.id}
 
-    def choice(self, text: str, finish: str | None, *, chunk: bool, first: bool) -> dict[str, Any]:
-        """The one choice: a message (a whole chat answer), a delta (a chat chunk) or text."""
+    def choice(
+        self,
+        text: str,
+        finish: str | None,
+        *,
+        chunk: bool,
+        first: bool,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """The one choice: a message (a whole chat answer), a delta (a chat chunk) or text.
+
+        ``tool_calls`` (from :func:`tool_call_dicts`): the calls the message or delta holds.
+        """
         if self.endpoint == "completion":
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         if chunk:
             delta: dict[str, Any] = {"content": text}
             if first:
                 delta["role"] = "assistant"
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        message = {"role": "assistant", "content": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if tool_calls:
+            message["content"] = text or None
+            message["tool_calls"] = tool_calls
         return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
 
 

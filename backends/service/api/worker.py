@@ -50,7 +50,7 @@ def run_job(
         raise ApiError(499, "the client went away before its turn")
     decoder = pair.decoder(job.method or method, job.settings.p_min)
     if job.messages is not None:
-        prompt = decoder.prompt_tokens(job.messages)
+        prompt = decoder.prompt_tokens(job.messages, job.tools)
     else:
         assert job.text is not None
         prompt = pair.main.tokenize(job.text, add_special=True, parse_special=False)
