@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
     from pathlib import Path
 
+    from tests.test_api_server import Served
+
 pytest_plugins = ["pytester"]  # tests/test_architecture.py runs the marker check on a test file
 
 TEST_CONTEXT = 2048
@@ -108,6 +110,15 @@ def qwen_draft(qwen_draft_path: Path) -> Iterator[LlamaEngine]:
         qwen_draft_path, LlamaLoadSettings(n_ctx=TEST_CONTEXT), is_draft=True
     ) as engine:
         yield engine
+
+
+@pytest.fixture(scope="session")
+def smollm_server(smollm_path: Path) -> Iterator[Served]:
+    """``specdeck serve`` on the SmolLM pair, shared by the API's tests."""
+    from tests.test_api_server import serve
+
+    with serve("--main", str(smollm_path), "--draft", str(smollm_path)) as served:
+        yield served
 
 
 def user(text: str) -> list[ChatMessage]:

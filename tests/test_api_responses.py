@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.test_api_server import MESSAGES, QUESTION, Served
-from tests.test_api_tools import model_of, smollm_server  # noqa: F401  # a module fixture
+from tests.test_api_tools import model_of
 from tests.test_grammar import PERSON_PROMPT, PERSON_SCHEMA, assert_person
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def chat_text(server: Served, **fields: Any) -> str:
 
 
 def test_a_text_input_is_answered_as_chat_would_with_usage_and_stats(
-    smollm_server: Served,  # noqa: F811
+    smollm_server: Served,
 ) -> None:
     client = smollm_server.client()
     response = client.responses.create(
@@ -65,7 +65,7 @@ def test_a_text_input_is_answered_as_chat_would_with_usage_and_stats(
         assert response.incomplete_details.reason == "max_output_tokens"
 
 
-def test_the_stream_has_the_standard_events_in_order(smollm_server: Served) -> None:  # noqa: F811
+def test_the_stream_has_the_standard_events_in_order(smollm_server: Served) -> None:
     client = smollm_server.client()
     request: dict[str, Any] = {
         "model": model_of(smollm_server),
@@ -103,7 +103,7 @@ def test_the_stream_has_the_standard_events_in_order(smollm_server: Served) -> N
     assert final.output_text == whole.output_text
 
 
-def test_text_format_json_schema_shapes_the_answer(smollm_server: Served) -> None:  # noqa: F811
+def test_text_format_json_schema_shapes_the_answer(smollm_server: Served) -> None:
     response = smollm_server.client().responses.create(
         model=model_of(smollm_server),
         input=PERSON_PROMPT,
@@ -114,7 +114,7 @@ def test_text_format_json_schema_shapes_the_answer(smollm_server: Served) -> Non
     assert_person(response.output_text)
 
 
-def test_function_calls_and_their_outputs_round_trip(smollm_server: Served) -> None:  # noqa: F811
+def test_function_calls_and_their_outputs_round_trip(smollm_server: Served) -> None:
     client = smollm_server.client()
     ask: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
     response = client.responses.create(
@@ -180,7 +180,7 @@ def test_function_calls_and_their_outputs_round_trip(smollm_server: Served) -> N
     ],
 )
 def test_a_bad_responses_request_is_a_400_naming_it(
-    smollm_server: Served,  # noqa: F811
+    smollm_server: Served,
     fields: dict[str, Any],
     param: str,
     words: str,
@@ -198,6 +198,6 @@ def test_a_bad_responses_request_is_a_400_naming_it(
         )
 
 
-def test_models_says_responses_are_not_stored(smollm_server: Served) -> None:  # noqa: F811
+def test_models_says_responses_are_not_stored(smollm_server: Served) -> None:
     notes = smollm_server.status()["notes"]
     assert any("stateless" in note for note in notes)

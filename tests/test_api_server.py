@@ -100,10 +100,9 @@ def serve(*arguments: str, wait: bool = True) -> Iterator[Served]:
         process.wait(timeout=60)
 
 
-@pytest.fixture(scope="module")
-def server(smollm_path: Path) -> Iterator[Served]:
-    with serve("--main", str(smollm_path), "--draft", str(smollm_path)) as served:
-        yield served
+@pytest.fixture
+def server(smollm_server: Served) -> Served:
+    return smollm_server
 
 
 def plain_text(smollm_path: Path, prompt: str, max_tokens: int) -> str:

@@ -45,12 +45,6 @@ ASK: list[ChatCompletionMessageParam] = [
 
 
 @pytest.fixture(scope="module")
-def smollm_server(smollm_path: Path) -> Iterator[Served]:
-    with serve("--main", str(smollm_path)) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
 def qwen_server(qwen_main_path: Path) -> Iterator[Served]:
     with serve("--main", str(qwen_main_path), "--ctx", "2048") as served:
         yield served

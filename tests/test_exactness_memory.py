@@ -156,7 +156,23 @@ def test_an_mlx_load_reads_back_its_probe(
     with mlx_engine.MlxEngine(tiny_mlx_main, n_ctx=512) as engine:  # the cache just grows
         assert engine.exact_batch_limit == limit
     assert len(probes) == 1
+    # The same files elsewhere (an import of the same GGUF file into another models
+    # folder, a copy) are the same model; notes for people do not count.
+    copy = tmp_path / "elsewhere" / tiny_mlx_main.name
+    shutil.copytree(tiny_mlx_main, copy)
+    (copy / "README.md").write_text("imported again today", encoding="utf-8")
+    with mlx_engine.MlxEngine(copy, n_ctx=256) as engine:
+        assert any(REMEMBERED in note for note in engine.load_report.notes)
+    assert len(probes) == 1
+    # Other weights of the same size are another model.
+    weights = max(copy.glob("*.safetensors"), key=lambda path: path.stat().st_size)
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with mlx_engine.MlxEngine(copy, n_ctx=256) as engine:
+        assert not any(REMEMBERED in note for note in engine.load_report.notes)
+    assert len(probes) == 2
     monkeypatch.setenv("MLX_FAKE_KERNEL_SWITCH", "1")  # MLX_* can choose kernels
     with mlx_engine.MlxEngine(tiny_mlx_main, n_ctx=256) as engine:
         assert engine.exact_batch_limit == limit
-    assert len(probes) == 2
+    assert len(probes) == 3

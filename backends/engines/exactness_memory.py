@@ -60,10 +60,40 @@ class ProbedExactness:
         )
 
 
+# How much of each end of a file folder_content_identity hashes.
+CONTENT_SAMPLE_BYTES = 1 << 20
+
+
 def file_identity(path: Path) -> list[Any]:
     """A file as a fingerprint sees it: where it is, its size and its modification time."""
     stat = path.stat()
     return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def folder_content_identity(folder: Path) -> list[list[Any]]:
+    """A model folder as its content: each file's name, size and the hash of its ends.
+
+    Not where the folder is or when it was written, so a model imported again from the same
+    GGUF file, or copied, is the same model (the import writes the same bytes). The first
+    and last MiB of each file carry its header and the start and end of its tensors (read
+    in milliseconds, where hashing gigabytes of weights would cost more than a probe on a
+    GPU). Notes for people (``*.md``) do not count.
+    """
+    identity = []
+    for path in sorted(folder.iterdir()):
+        if not path.is_file() or path.suffix == ".md":
+            continue
+        size = path.stat().st_size
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            digest.update(file.read(CONTENT_SAMPLE_BYTES))
+            if size > 2 * CONTENT_SAMPLE_BYTES:
+                file.seek(size - CONTENT_SAMPLE_BYTES)
+                digest.update(file.read(CONTENT_SAMPLE_BYTES))
+            elif size > CONTENT_SAMPLE_BYTES:
+                digest.update(file.read())
+        identity.append([path.name, size, digest.hexdigest()])
+    return identity
 
 
 def files_identity(paths: Iterable[Path]) -> list[list[Any]]:

@@ -14,8 +14,8 @@ from backends.engines.base import EngineBase
 from backends.engines.chat_template import ChatTemplate
 from backends.engines.exactness_memory import (
     ExactnessMemory,
-    files_identity,
     fingerprint_key,
+    folder_content_identity,
     kernel_environment,
 )
 from backends.engines.hardware import physical_cores
@@ -161,8 +161,9 @@ class MlxEngine(EngineBase):
     def _probe_exactness(self, *, device: str) -> str | None:
         """The exact-batch limit, probed or read back from the exactness memory.
 
-        The answer is remembered under the model folder's files, MLX's and mlx-lm's
-        versions and the device (not the context size: MLX's cache grows as it fills, so
+        The answer is remembered under the model folder's content (not its place: an import
+        of the same GGUF file elsewhere is the same model), MLX's and mlx-lm's versions and
+        the device (not the context size: MLX's cache grows as it fills, so
         a row is computed alike whatever the context may hold); the load report's line is
         returned when it was read back.
         """
@@ -170,7 +171,7 @@ class MlxEngine(EngineBase):
             "engine": "mlx",
             "library": [metadata.version("mlx"), metadata.version("mlx-lm")],
             "device": device,
-            "model": files_identity(self.path.iterdir()),
+            "model": folder_content_identity(self.path),
             "environment": kernel_environment(),
             "probe": [_PROBE_MAX_BATCH, PREFILL_CHUNK],
         }
