@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+from backends.version import app_version
 
 APP_NAME = "SpecDeck"
 
-
-def app_version() -> str:
-    """The installed version of SpecDeck."""
-    try:
-        return version("specdeck")
-    except PackageNotFoundError:
-        return "0.0.0+unknown"
+__all__ = ["APP_NAME", "app_version"]

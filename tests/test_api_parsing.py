@@ -114,6 +114,13 @@ def test_a_request_overrides_serves_defaults_and_keeps_the_rest() -> None:
     overridden = parsed({"temperature": 0, "max_tokens": 5}, *flags)
     assert overridden.settings.max_tokens == 5
     assert overridden.settings.sampling == SamplingSettings(temperature=0.0, top_k=30)
+    # No max_tokens anywhere: the default, or the context where that is smaller (found by
+    # the fuzz test: a 400 for a request that asked for nothing past the context).
+    assert parsed({}).settings.max_tokens == DEFAULT_MAX_TOKENS
+    assert parsed({}, n_ctx=256).settings.max_tokens == min(DEFAULT_MAX_TOKENS, 256)
+    # llama.cpp's seed -1 asks for a fresh seed (found by the fuzz test: it was a 500).
+    assert parsed({"seed": -1, "temperature": 1.0}).settings.sampling.seed is None
+    assert parsed({"seed": -1, "temperature": 1.0}).settings.verification == "rejection"
     # A null field says nothing: serve's default stands.
     assert parsed({"temperature": None, "seed": None}, *flags).settings.sampling.temperature == 0.5
 
@@ -144,7 +151,8 @@ def test_serve_refuses_impossible_generation_flags_before_it_listens() -> None:
         serve_defaults("--temperature", "-1")
     with pytest.raises(SettingsError, match="draft_min must be between"):
         serve_defaults("--draft-max", "2", "--draft-min", "3")
-    assert serve_defaults()["max_tokens"] == DEFAULT_MAX_TOKENS
+    assert serve_defaults("--max-tokens", "64")["max_tokens"] == 64
+    assert "max_tokens" not in serve_defaults()  # each request's default, within its context
 
 
 @pytest.mark.parametrize(
@@ -173,6 +181,7 @@ def test_serve_refuses_impossible_generation_flags_before_it_listens() -> None:
         ({"temperature": "hot"}, (), "'temperature' must be a float", "temperature"),
         ({"top_p": float("inf")}, (), "'top_p' must be a finite number", "top_p"),
         ({"seed": True}, (), "'seed' must be a int", "seed"),
+        ({"seed": -2}, (), "seed must be >= 0 (none: a fresh one), got -2", None),
         ({"temperature": -1}, (), "temperature must be >= 0, got -1.0", None),
         ({"specdeck": {"draft_max": 0}}, (), "draft_max must be >= 1, got 0", None),
         ({"specdeck": {"draft_min": 9, "draft_max": 4}}, (), "draft_min must be between", None),

@@ -92,6 +92,8 @@ def generation_defaults(args: argparse.Namespace) -> GenerationOptions:
     """The flags' generation options, under every request's own; SettingsError if impossible."""
     defaults = generation_options_from_args(args)
     generation_settings(defaults)  # an impossible flag is said before the port opens
+    if args.max_tokens is None:  # not given: each request's default, within the context
+        del defaults["max_tokens"]
     return defaults
 
 

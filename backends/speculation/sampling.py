@@ -32,6 +32,8 @@ class SamplingSettings:
             raise SettingsError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p < 1.0:
             raise SettingsError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.seed is not None and self.seed < 0:
+            raise SettingsError(f"seed must be >= 0 (none: a fresh one), got {self.seed}")
 
     @property
     def greedy(self) -> bool:

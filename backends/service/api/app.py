@@ -21,6 +21,7 @@ from aiohttp import web
 from backends.errors import SettingsError
 from backends.service.api.errors import ApiError
 from backends.service.api.jobs import MAX_QUEUED_REQUESTS, ApiJob, JobFailed
+from backends.service.api.openapi import openapi_document
 from backends.service.api.parsing import parse_request
 from backends.service.api.responses import ResponseAnswer, chat_body
 from backends.service.api.tool_calls import ToolCallReader
@@ -38,6 +39,7 @@ from backends.service.generation_options import GenerationOptions
 from backends.service.protocol import DEFAULT_API_HOST, DEFAULT_API_PORT, is_loopback_host
 from backends.speculation.methods import METHODS
 from backends.speculation.types import GenerationUpdate, SpeculationStats
+from backends.version import app_version
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -100,6 +102,7 @@ class ApiServer:
         self.app.router.add_post("/v1/chat/completions", self._chat)
         self.app.router.add_post("/v1/completions", self._completion)
         self.app.router.add_post("/v1/responses", self._responses)
+        self.app.router.add_get("/openapi.json", self._openapi)
         if self.settings.cors_origins:
             self.app.router.add_route("OPTIONS", "/{tail:.*}", self._preflight)
 
@@ -174,6 +177,9 @@ class ApiServer:
             ],
         }
         return web.json_response({"object": "list", "data": data, "specdeck": status})
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_document(app_version()))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, "chat")

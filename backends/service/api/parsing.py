@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from backends.speculation.types import GenerationSettings
 
 MAX_STOP_STRINGS = 4  # as OpenAI allows
+RANDOM_SEED = -1  # llama.cpp server's seed for "draw a fresh one"
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 
 Endpoint = Literal["chat", "completion"]
@@ -482,7 +483,11 @@ def parse_request(
     if max_tokens is not None:
         options["max_tokens"] = max_tokens
     limit = max(1, backend.n_ctx)
-    if not 1 <= merged(defaults or {}, options).get("max_tokens", DEFAULT_MAX_TOKENS) <= limit:
+    defaults = defaults or {}
+    if "max_tokens" not in merged(defaults, options):
+        # Neither the request nor serve says: the default, within a small context.
+        defaults = {**defaults, "max_tokens": min(DEFAULT_MAX_TOKENS, limit)}
+    if not 1 <= merged(defaults, options)["max_tokens"] <= limit:
         raise ApiError(
             400,
             f"'max_tokens' must be between 1 and the context size ({limit})",
@@ -490,6 +495,8 @@ def parse_request(
         )
     for key, kind in _SAMPLING_FIELDS:
         value = _number(body, key, kind)
+        if key == "seed" and value == RANDOM_SEED:
+            continue  # llama.cpp's word for a fresh seed
         if value is not None:
             options[key] = value
     _resolved(defaults, options)  # a bad sampling value is named before the speculation fields
