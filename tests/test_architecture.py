@@ -30,7 +30,7 @@ CHECKED_FOLDERS = ("backends", "gui", "tests", "benchmarks", "packaging")
 # backends/. Names in one layer are independent: neither imports the other. A name stands for
 # the module and everything under it; a module belongs to the longest name that covers it.
 BACKEND_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("backends.errors", "backends.paths"),  # the error types and the folders
+    ("backends.errors", "backends.paths", "backends.version"),  # errors, folders, the version
     ("backends.models.gguf_info",),  # reading a GGUF file's metadata (engines load with it)
     ("backends.models.mlx_info",),  # reading an MLX model folder's
     ("backends.engines",),  # a loaded model behind one engine-neutral interface

@@ -23,7 +23,7 @@ from backends.service.api.errors import ApiError
 from backends.service.api.jobs import MAX_QUEUED_REQUESTS, ApiJob, JobFailed
 from backends.service.api.openapi import openapi_document
 from backends.service.api.parsing import parse_request
-from backends.service.api.responses import ResponseAnswer, chat_body
+from backends.service.api.responses import ResponseAnswer, ResponseStream, chat_body
 from backends.service.api.tool_calls import ToolCallReader
 from backends.service.api.wire import (
     Answer,
@@ -277,18 +277,18 @@ class ApiServer:
         markers = {token: text for text, token in self.backend.main.tool_markers.items()}
         return "".join(markers.get(t.token_id, t.text) for t in update.tokens)
 
-    async def _whole(
+    async def _collected(
         self,
         request: web.Request,
         parsed: ParsedRequest,
-        answer: Answer,
         events: asyncio.Queue[JobEvent],
         job: ApiJob,
-    ) -> web.Response:
+    ) -> _Collected:
+        """A whole answer: its content, its tool calls, each token's origin, the final stats."""
         texts: list[str] = []
+        marked: list[str] = []  # the text with the tool-call markers' special tokens written out
         tokens: list[dict[str, Any]] = []
         stats = SpeculationStats()
-        marked: list[str] = []  # the text with the tool-call markers' special tokens written out
         async for update in self._updates(events, request, job):
             texts.extend(token.text for token in update.tokens)
             marked.append(self._marked_text(update))
@@ -302,6 +302,30 @@ class ApiServer:
             rest, more = reader.finish()
             calls += more
             text = (content + rest).strip() if calls else content + rest
+        return _Collected(text, calls, tokens, stats)
+
+    def _round_text(
+        self, reader: ToolCallReader | None, update: GenerationUpdate
+    ) -> tuple[str, list[ToolCall]]:
+        """A streamed round's content to send and the tool calls it completed."""
+        if reader is None:
+            return "".join(token.text for token in update.tokens), []
+        text, calls = reader.feed(self._marked_text(update))
+        if update.finished:
+            rest, more = reader.finish()
+            text, calls = text + rest, calls + more
+        return text, calls
+
+    async def _whole(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        answer: Answer,
+        events: asyncio.Queue[JobEvent],
+        job: ApiJob,
+    ) -> web.Response:
+        whole = await self._collected(request, parsed, events, job)
+        text, calls, tokens, stats = whole.text, whole.calls, whole.tokens, whole.stats
         body = answer.envelope(chunk=False)
         body["choices"] = [
             answer.choice(
@@ -337,13 +361,7 @@ class ApiServer:
         try:
             async for update in self._updates(events, request, job):
                 stats = update.stats
-                text = "".join(token.text for token in update.tokens)
-                calls: list[ToolCall] = []
-                if reader is not None:
-                    text, calls = reader.feed(self._marked_text(update))
-                    if update.finished:
-                        rest, more = reader.finish()
-                        text, calls = text + rest, calls + more
+                text, calls = self._round_text(reader, update)
                 if update.tokens or first or calls:
                     chunk = answer.envelope(chunk=True)
                     chunk["choices"] = [
@@ -393,26 +411,10 @@ class ApiServer:
         events: asyncio.Queue[JobEvent],
         job: ApiJob,
     ) -> web.Response:
-        texts: list[str] = []
-        tokens: list[dict[str, Any]] = []
-        stats = SpeculationStats()
-        marked: list[str] = []  # the text with the tool-call markers' special tokens written out
-        async for update in self._updates(events, request, job):
-            texts.extend(token.text for token in update.tokens)
-            marked.append(self._marked_text(update))
-            tokens.extend(origins(update))
-            stats = update.stats
-        text = "".join(texts)
-        calls: list[ToolCall] = []
-        reader = self._tool_call_reader(parsed)
-        if reader is not None:
-            content, calls = reader.feed("".join(marked))
-            rest, more = reader.finish()
-            calls += more
-            text = (content + rest).strip() if calls else content + rest
-        answer.finished_output(text, calls)
-        body = answer.response("completed", stats, self.backend.draft)
-        body["specdeck"]["tokens"] = tokens
+        whole = await self._collected(request, parsed, events, job)
+        answer.finished_output(whole.text, whole.calls)
+        body = answer.response("completed", whole.stats, self.backend.draft)
+        body["specdeck"]["tokens"] = whole.tokens
         return web.json_response(body)
 
     async def _stream_response(
@@ -427,7 +429,7 @@ class ApiServer:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        stream = _ResponseStream(answer, response)
+        stream = ResponseStream(answer, response)
         await stream.send("response.created", response=answer.response("in_progress", None, None))
         await stream.send(
             "response.in_progress", response=answer.response("in_progress", None, None)
@@ -439,13 +441,7 @@ class ApiServer:
             async for update in self._updates(events, request, job):
                 stats = update.stats
                 tokens.extend(origins(update))
-                text = "".join(token.text for token in update.tokens)
-                calls: list[ToolCall] = []
-                if reader is not None:
-                    text, calls = reader.feed(self._marked_text(update))
-                    if update.finished:
-                        rest, more = reader.finish()
-                        text, calls = text + rest, calls + more
+                text, calls = self._round_text(reader, update)
                 if text:
                     await stream.text(text)
                 for call in calls:
@@ -468,85 +464,11 @@ class ApiServer:
         return response
 
 
-class _ResponseStream:
-    """Writes a response's output items as the Responses API streams them."""
+@dataclass(frozen=True)
+class _Collected:
+    """A whole answer, as the handlers that answer at once write it."""
 
-    def __init__(self, answer: ResponseAnswer, response: web.StreamResponse) -> None:
-        self.answer = answer
-        self.response = response
-        self.message_index: int | None = None  # the open message item's place in the output
-        self.text_so_far = ""
-
-    async def send(self, kind: str, **fields: Any) -> None:
-        await self.response.write(self.answer.event(kind, **fields))
-
-    async def text(self, text: str) -> None:
-        """More of the answer's text: the message item opens with its first piece."""
-        answer = self.answer
-        if self.message_index is None:
-            self.message_index = len(answer.output)
-            item = answer.message_item("", "in_progress")
-            answer.output.append(item)
-            await self.send(
-                "response.output_item.added", output_index=self.message_index, item=item
-            )
-            await self.send(
-                "response.content_part.added",
-                item_id=answer.message_id,
-                output_index=self.message_index,
-                content_index=0,
-                part={"type": "output_text", "text": "", "annotations": []},
-            )
-        self.text_so_far += text
-        await self.send(
-            "response.output_text.delta",
-            item_id=answer.message_id,
-            output_index=self.message_index,
-            content_index=0,
-            delta=text,
-        )
-
-    async def close_message(self) -> None:
-        """The message item is complete (a call follows, or the answer ended)."""
-        if self.message_index is None:
-            return
-        answer, index, text = self.answer, self.message_index, self.text_so_far
-        self.message_index = None
-        await self.send(
-            "response.output_text.done",
-            item_id=answer.message_id,
-            output_index=index,
-            content_index=0,
-            text=text,
-        )
-        part = {"type": "output_text", "text": text, "annotations": []}
-        await self.send(
-            "response.content_part.done",
-            item_id=answer.message_id,
-            output_index=index,
-            content_index=0,
-            part=part,
-        )
-        answer.output[index] = answer.message_item(text)
-        await self.send("response.output_item.done", output_index=index, item=answer.output[index])
-
-    async def call(self, call: ToolCall) -> None:
-        """A whole tool call: its item added, its arguments, its item done."""
-        await self.close_message()
-        answer = self.answer
-        index = len(answer.output)
-        done = answer.call_item(call)
-        answer.output.append(done)
-        await self.send(
-            "response.output_item.added",
-            output_index=index,
-            item=answer.call_item(call, "in_progress"),
-        )
-        for kind, key in (("delta", "delta"), ("done", "arguments")):
-            await self.send(
-                f"response.function_call_arguments.{kind}",
-                item_id=done["id"],
-                output_index=index,
-                **{key: call.arguments},
-            )
-        await self.send("response.output_item.done", output_index=index, item=done)
+    text: str
+    calls: list[ToolCall]
+    tokens: list[dict[str, Any]]
+    stats: SpeculationStats

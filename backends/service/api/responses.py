@@ -26,6 +26,8 @@ from backends.service.api.wire import FINISH_REASONS, llama_timings, lmstudio_st
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from aiohttp import web
+
     from backends.engines.interface import ToolCall
     from backends.service.api.jobs import ServedModel
     from backends.speculation.types import SpeculationStats
@@ -259,3 +261,87 @@ class ResponseAnswer:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+
+
+class ResponseStream:
+    """Writes a response's output items as the Responses API streams them."""
+
+    def __init__(self, answer: ResponseAnswer, response: web.StreamResponse) -> None:
+        self.answer = answer
+        self.response = response
+        self.message_index: int | None = None  # the open message item's place in the output
+        self.text_so_far = ""
+
+    async def send(self, kind: str, **fields: Any) -> None:
+        await self.response.write(self.answer.event(kind, **fields))
+
+    async def text(self, text: str) -> None:
+        """More of the answer's text: the message item opens with its first piece."""
+        answer = self.answer
+        if self.message_index is None:
+            self.message_index = len(answer.output)
+            item = answer.message_item("", "in_progress")
+            answer.output.append(item)
+            await self.send(
+                "response.output_item.added", output_index=self.message_index, item=item
+            )
+            await self.send(
+                "response.content_part.added",
+                item_id=answer.message_id,
+                output_index=self.message_index,
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": []},
+            )
+        self.text_so_far += text
+        await self.send(
+            "response.output_text.delta",
+            item_id=answer.message_id,
+            output_index=self.message_index,
+            content_index=0,
+            delta=text,
+        )
+
+    async def close_message(self) -> None:
+        """The message item is complete (a call follows, or the answer ended)."""
+        if self.message_index is None:
+            return
+        answer, index, text = self.answer, self.message_index, self.text_so_far
+        self.message_index = None
+        await self.send(
+            "response.output_text.done",
+            item_id=answer.message_id,
+            output_index=index,
+            content_index=0,
+            text=text,
+        )
+        part = {"type": "output_text", "text": text, "annotations": []}
+        await self.send(
+            "response.content_part.done",
+            item_id=answer.message_id,
+            output_index=index,
+            content_index=0,
+            part=part,
+        )
+        answer.output[index] = answer.message_item(text)
+        await self.send("response.output_item.done", output_index=index, item=answer.output[index])
+
+    async def call(self, call: ToolCall) -> None:
+        """A whole tool call: its item added, its arguments, its item done."""
+        await self.close_message()
+        answer = self.answer
+        index = len(answer.output)
+        done = answer.call_item(call)
+        answer.output.append(done)
+        await self.send(
+            "response.output_item.added",
+            output_index=index,
+            item=answer.call_item(call, "in_progress"),
+        )
+        for kind, key in (("delta", "delta"), ("done", "arguments")):
+            await self.send(
+                f"response.function_call_arguments.{kind}",
+                item_id=done["id"],
+                output_index=index,
+                **{key: call.arguments},
+            )
+        await self.send("response.output_item.done", output_index=index, item=done)
