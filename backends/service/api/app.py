@@ -350,10 +350,7 @@ class ApiServer:
         events: asyncio.Queue[JobEvent],
         job: ApiJob,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
+        response = await _event_stream(request)
         first = True
         stats = SpeculationStats()
         reader = self._tool_call_reader(parsed)
@@ -425,10 +422,7 @@ class ApiServer:
         events: asyncio.Queue[JobEvent],
         job: ApiJob,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
+        response = await _event_stream(request)
         stream = ResponseStream(answer, response)
         await stream.send("response.created", response=answer.response("in_progress", None, None))
         await stream.send(
@@ -472,3 +466,12 @@ class _Collected:
     calls: list[ToolCall]
     tokens: list[dict[str, Any]]
     stats: SpeculationStats
+
+
+async def _event_stream(request: web.Request) -> web.StreamResponse:
+    """A server-sent events response to ``request``, its headers sent."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    return response
