@@ -127,6 +127,7 @@ def test_the_grammars_compile_for_every_format_and_choice(tool_format: ToolForma
     assert tool_call_grammar(tool_format, functions, ToolChoice("auto")) is None
     assert tool_call_grammar(tool_format, (), ToolChoice("required")) is None
     for choice, schema in (
+        (ToolChoice("auto"), True),  # JSON schema's "anything"
         (ToolChoice("required"), None),
         (ToolChoice("function", "get_weather"), None),
         (ToolChoice("auto"), {"type": "object", "properties": {"answer": {"type": "string"}}}),

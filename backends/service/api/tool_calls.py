@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from backends.engines.interface import ToolCall
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     from backends.engines.interface import ModelEngine, ToolFormat, ToolFunction
 
@@ -78,8 +79,9 @@ class ToolChoice:
 def marker_tokens(engine: ModelEngine) -> dict[str, int]:
     """The format's markers that the model writes as one special token, by their text.
 
-    Qwen2.5's ``<tool_call>`` is such a token: it renders as no text, so the reader is fed
-    its text in its place, and a grammar asks for the token itself.
+    Such a token renders as no text (Mistral's ``[TOOL_CALLS]`` is one; Qwen2.5's
+    ``<tool_call>`` is not, it keeps its text), so the reader is fed its text in its place,
+    and a grammar asks for the token itself.
     """
     found: dict[str, int] = {}
     for marker in MARKERS[engine.tool_format]:
@@ -100,7 +102,7 @@ def tool_call_grammar(
     tool_format: ToolFormat,
     functions: Sequence[ToolFunction],
     choice: ToolChoice,
-    response_schema: Mapping[str, Any] | None = None,
+    response_schema: Mapping[str, Any] | bool | None = None,
     *,
     parallel: bool = True,
     markers: Mapping[str, int] | None = None,
@@ -162,7 +164,9 @@ def tool_call_grammar(
         if tool_format == "hermes":  # a call's bare object too, as small models write it
             start += " | call_json"
         # The answer as response_format alone writes it: compact.
-        rules.append(f"answer: %json {_styled(dict(response_schema), COMPACT_JSON_STYLE)}")
+        # (A schema that is not an object, JSON schema's ``true``, allows any JSON.)
+        answer = dict(response_schema) if isinstance(response_schema, Mapping) else {}
+        rules.append(f"answer: %json {_styled(answer, COMPACT_JSON_STYLE)}")
     return "\n".join([start, *rules])
 
 
