@@ -25,6 +25,9 @@ from gui.style import (
     DRAFT_BACKGROUND,
     DRAFT_BACKGROUND_IN_CODE,
     DRAFT_TOOLTIP,
+    GRAMMAR_BACKGROUND,
+    GRAMMAR_BACKGROUND_IN_CODE,
+    GRAMMAR_TOOLTIP,
     MUTED_TEXT,
     TARGET_TOOLTIP,
     monospace_font,
@@ -38,6 +41,16 @@ if TYPE_CHECKING:
 
 # Who produced a character is kept in its format, so what is read back is what is rendered.
 ORIGIN_PROPERTY = QTextFormat.Property.UserProperty.value + 1
+# The background each origin is shown on (in prose, in code); the main model's own: none.
+ORIGIN_BACKGROUNDS = {
+    TokenOrigin.DRAFT: (DRAFT_BACKGROUND, DRAFT_BACKGROUND_IN_CODE),
+    TokenOrigin.GRAMMAR: (GRAMMAR_BACKGROUND, GRAMMAR_BACKGROUND_IN_CODE),
+}
+ORIGIN_TOOLTIPS = {
+    TokenOrigin.DRAFT: DRAFT_TOOLTIP,
+    TokenOrigin.TARGET: TARGET_TOOLTIP,
+    TokenOrigin.GRAMMAR: GRAMMAR_TOOLTIP,
+}
 # Lines of a fenced code block (fences included) are marked, for the box painted behind them.
 CODE_LINE_PROPERTY = QTextFormat.Property.UserProperty.value + 2
 
@@ -166,12 +179,15 @@ def text_runs(document: QTextDocument, start: int, end: int) -> list[TextRun]:
     return runs
 
 
-def highlighted_text(runs: Iterable[TextRun]) -> str:
-    """The text of ``runs`` shown on a draft-green background (line breaks aside)."""
+def highlighted_text(runs: Iterable[TextRun], origin: TokenOrigin = TokenOrigin.DRAFT) -> str:
+    """The text of ``runs`` shown on ``origin``'s background (line breaks aside).
+
+    The accepted draft's green by default.
+    """
     return "".join(
         run.text
         for run in runs
-        if run.text != "\n" and AnswerStyles.is_draft_background(run.char_format)
+        if run.text != "\n" and AnswerStyles.shows_origin(run.char_format, origin)
     )
 
 
@@ -217,19 +233,18 @@ class AnswerStyles:
             char_format.setBackground(CODE_BACKGROUND)
         if origin is not None:
             char_format.setProperty(ORIGIN_PROPERTY, origin.value)
-            if self.visualize_drafts and origin is TokenOrigin.DRAFT:
-                in_code = kind is not TextKind.PROSE
-                char_format.setBackground(DRAFT_BACKGROUND_IN_CODE if in_code else DRAFT_BACKGROUND)
+            backgrounds = ORIGIN_BACKGROUNDS.get(origin)
+            if self.visualize_drafts and backgrounds is not None:
+                char_format.setBackground(backgrounds[kind is not TextKind.PROSE])
         self._char_formats[key] = char_format
         return char_format
 
     @staticmethod
-    def is_draft_background(char_format: QTextCharFormat) -> bool:
-        """Is this text shown on the accepted-draft green?"""
+    def shows_origin(char_format: QTextCharFormat, origin: TokenOrigin) -> bool:
+        """Is this text shown on ``origin``'s background (the draft's green, the grammar's blue)?"""
         if char_format.background().style() == Qt.BrushStyle.NoBrush:
             return False
-        colour = char_format.background().color()
-        return colour in (DRAFT_BACKGROUND, DRAFT_BACKGROUND_IN_CODE)
+        return char_format.background().color() in ORIGIN_BACKGROUNDS.get(origin, ())
 
 
 class AnswerWriter:
@@ -382,8 +397,7 @@ class AnswerBrowser(QTextBrowser):
         if origin is None:
             QToolTip.hideText()
             return
-        text = DRAFT_TOOLTIP if origin is TokenOrigin.DRAFT else TARGET_TOOLTIP
-        QToolTip.showText(global_point, text, self.viewport())
+        QToolTip.showText(global_point, ORIGIN_TOOLTIPS[origin], self.viewport())
 
     def _character_rect(self, position: int, char_format: QTextCharFormat) -> QRect:
         """The box of the character at ``position``, in viewport coordinates."""

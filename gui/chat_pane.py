@@ -276,9 +276,12 @@ class ChatPane(QWidget):
                 merged.append((run.text, who))
         return merged
 
-    def highlighted_text(self, index: int = -1) -> str:
-        """The text of an answer shown on a draft-green background (line breaks aside)."""
-        return highlighted_text(self._answer_runs(index))
+    def highlighted_text(self, index: int = -1, origin: TokenOrigin = TokenOrigin.DRAFT) -> str:
+        """The text of an answer shown on ``origin``'s background (line breaks aside).
+
+        The accepted draft's green by default.
+        """
+        return highlighted_text(self._answer_runs(index), origin)
 
     def footer_text(self, index: int = -1) -> str:
         """The footer line under an answer ("" while it streams or when it has none)."""

@@ -34,6 +34,7 @@ IDENTICAL_TEXT = "Identical text"
 DIFFERENT_TEXT = "Texts differ"
 NO_SPEEDUP_TEXT = "Speedup not measured: the main model alone produced no speed to compare"
 LEGEND_TEXT = "Green: drafted tokens the main model accepted"
+GRAMMAR_LEGEND_TEXT = "Green: accepted draft tokens · blue: the schema's own tokens"
 LEGEND_OFF_TEXT = "Draft highlighting is off"
 PLAIN_SUBTITLE = "The same prompt, one token per step, no drafting"
 
@@ -101,6 +102,7 @@ class _Column(QWidget):
         self.speed.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         # Both columns have a subtitle, so that their texts start at the same height.
         self.subtitle = QLabel(LEGEND_TEXT if run == "speculative" else PLAIN_SUBTITLE)
+        self.subtitle.setObjectName(f"{run}-subtitle")
         self.subtitle.setStyleSheet(_muted_style())
         small_font = self.font()
         small_font.setPointSizeF(small_font.pointSizeF() * SMALL_POINT_SCALE)
@@ -235,6 +237,7 @@ class CompareView(QWidget):
         super().__init__(parent)
         self._columns: dict[Run, _Column] = {run: _Column(run) for run in RUNS}
         self._visualize_drafts = True
+        self._shows_grammar = False  # an answer with grammar tokens: the legend names them
 
         self._flush_timer = QTimer(self)
         self._flush_timer.setSingleShot(True)
@@ -283,6 +286,8 @@ class CompareView(QWidget):
         title = SPECULATIVE_TITLE_PREFIX + speculative_label if speculative_label else "Speculative"
         self._columns["speculative"].reset(title, "running")
         self._columns["plain"].reset(PLAIN_TITLE, "waiting")
+        self._shows_grammar = False
+        self._update_legend()
         self._update_result_hidden()
 
     def append_tokens(self, run: Run, tokens: Sequence[EmittedToken]) -> None:
@@ -298,6 +303,9 @@ class CompareView(QWidget):
         column = self._columns[run]
         self._mark_started(column)
         column.stats = stats
+        if run == "speculative" and stats.grammar_tokens_count and not self._shows_grammar:
+            self._shows_grammar = True  # the legend names the grammar's colour too
+            self._update_legend()
         if not self._stats_timer.isActive():
             self._stats_timer.start()
 
@@ -355,9 +363,15 @@ class CompareView(QWidget):
         if self._visualize_drafts == on:
             return
         self._visualize_drafts = on
-        self._columns["speculative"].subtitle.setText(LEGEND_TEXT if on else LEGEND_OFF_TEXT)
+        self._update_legend()
         for column in self._columns.values():
             column.set_visualize_drafts(on)
+
+    def _update_legend(self) -> None:
+        legend = GRAMMAR_LEGEND_TEXT if self._shows_grammar else LEGEND_TEXT
+        self._columns["speculative"].subtitle.setText(
+            legend if self._visualize_drafts else LEGEND_OFF_TEXT
+        )
 
     # --- readback -------------------------------------------------------------------------
 

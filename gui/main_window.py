@@ -437,6 +437,7 @@ class MainWindow(QMainWindow):
 
     def _start_answer(self) -> None:
         assert self.conversation_id is not None
+        self.sidebar.flush_pending_edits()  # a schema typed just now is the one answered with
         try:
             self.answers.start(self.conversation_id, compare=self.compare_toggle.isChecked())
         except SpecDeckError as error:

@@ -134,11 +134,15 @@ class _StatTile(QWidget):
         layout.addWidget(self.value)
 
 
-COUNT_NAMES = ("drafted", "accepted", "rejected", "ignored")
+COUNT_NAMES = ("drafted", "accepted", "rejected", "ignored", "grammar")
+GRAMMAR_COUNT = "grammar"  # shown only in answers with a grammar (Structured output)
 
 
 class _CountsRow(QWidget):
-    """The draft-token counts, each a bold number over a muted name."""
+    """The draft-token counts, each a bold number over a muted name.
+
+    Also the tokens a grammar allowed alone (verified with no drafting), where there were any.
+    """
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -146,27 +150,43 @@ class _CountsRow(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(4)
         self._numbers: dict[str, QLabel] = {}
+        self._columns: dict[str, QWidget] = {}
         for name in COUNT_NAMES:
-            column = QVBoxLayout()
-            column.setSpacing(0)
+            column = QWidget()
+            column_layout = QVBoxLayout(column)
+            column_layout.setContentsMargins(0, 0, 0, 0)
+            column_layout.setSpacing(0)
             number = QLabel(NO_VALUE)
             number.setFont(scaled_font(self.font(), 1.0, bold=True))
             caption = QLabel(name)
             caption.setFont(scaled_font(self.font(), SMALL_POINT_SCALE))
             caption.setStyleSheet(f"color: {MUTED_TEXT.name()};")
-            column.addWidget(number)
-            column.addWidget(caption)
-            layout.addLayout(column, 1)
+            column_layout.addWidget(number)
+            column_layout.addWidget(caption)
+            layout.addWidget(column, 1)
             self._numbers[name] = number
+            self._columns[name] = column
+        self._columns[GRAMMAR_COUNT].setToolTip(
+            "Tokens the structured output's schema allowed alone: verified with no drafting"
+        )
+        self._columns[GRAMMAR_COUNT].hide()
 
-    def set_counts(self, counts: tuple[int, int, int, int] | None) -> None:
-        """Show drafted, accepted, rejected and ignored (None: dashes)."""
+    def set_counts(self, counts: tuple[int, int, int, int, int] | None) -> None:
+        """Show drafted, accepted, rejected, ignored and grammar (None: dashes).
+
+        The grammar's count is shown only where it is above 0.
+        """
         for index, name in enumerate(COUNT_NAMES):
             self._numbers[name].setText(NO_VALUE if counts is None else str(counts[index]))
+        self._columns[GRAMMAR_COUNT].setHidden(counts is None or counts[-1] == 0)
 
     def text(self) -> str:
-        """``"Drafted 100 · accepted 70 · rejected 28 · ignored 2"`` as displayed."""
-        text = " · ".join(f"{name} {self._numbers[name].text()}" for name in COUNT_NAMES)
+        """``"Drafted 100 · accepted 70 · rejected 28 · ignored 2"`` as displayed.
+
+        ``" · grammar 9"`` follows where the grammar's count is shown.
+        """
+        shown = [name for name in COUNT_NAMES if not self._columns[name].isHidden()]
+        text = " · ".join(f"{name} {self._numbers[name].text()}" for name in shown)
         return text[:1].upper() + text[1:]
 
 
@@ -375,6 +395,7 @@ class AcceptanceMeter(QWidget):
                 stats.accepted_draft_tokens_count,
                 stats.rejected_draft_tokens_count,
                 stats.ignored_draft_tokens_count,
+                stats.grammar_tokens_count,
             )
         )
 

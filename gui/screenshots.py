@@ -78,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--main", type=Path, help="a GGUF main model (default: the default pair)")
     parser.add_argument("--draft", type=Path, help="its draft (default: --main itself)")
+    parser.add_argument(
+        "--json-schema",
+        type=Path,
+        help="a JSON schema file: answer with Structured output (the grammar's tokens on blue)",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     pair = [ensure_model(DEFAULT_MAIN_KEY), ensure_model(DEFAULT_DRAFT_KEY)]
@@ -98,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         settings.set("last_draft_choice", str(pair[1]))
     settings.set("compare", True)
     settings.set("max_tokens", args.max_tokens)
+    if args.json_schema is not None:
+        settings.set("structured_output", "json_schema")
+        settings.set("json_schema", args.json_schema.read_text())
     window = MainWindow(settings, offer_first_run=False)
     window.resize(1500, 940)
     window.show()
@@ -108,12 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     _settle()
     _save(window, args.out / "window-loaded.png")
     _save(window.sidebar, args.out / "sidebar.png")
+    finished: list[object] = []  # a short answer may end before the streaming shots
+    window.answer_finished.connect(finished.append)
     window.input.setPlainText(args.question)
     window.send_message()
     _settle(3000)
     _save(window, args.out / "window-streaming.png")
     _save(window.meter, args.out / "meter-live.png")
-    if not _wait(window.answer_finished, ANSWER_TIMEOUT_MS):
+    if not finished and not _wait(window.answer_finished, ANSWER_TIMEOUT_MS):
         print("no answer in time", file=sys.stderr)
         return 1
     _settle()

@@ -66,6 +66,9 @@ PROBABILITY_STEP = 0.05
 DRAFT_CHOICE_NGRAM = "ngram-lookup"
 DRAFT_CHOICE_OFF = "off"
 
+# What Structured output offers: nothing, any JSON object, the JSON schema setting's schema.
+STRUCTURED_OUTPUTS = ("off", "json_object", "json_schema")
+
 # "off" is not offered here: the draft picker's "Off: main model alone" entry decides it, so
 # that one control, not two that could disagree, turns speculation off.
 _PICKABLE_METHODS: tuple[SpeculationMethod, ...] = tuple(m for m in METHODS if m != "off")
@@ -410,6 +413,30 @@ SETTINGS: tuple[SettingSpec, ...] = (
         tooltip="Instructions sent before every conversation, as the system message.",
         group="generation",
         multiline=True,
+    ),
+    SettingSpec(
+        key="structured_output",
+        kind=str,
+        default="off",
+        title="Structured output",
+        tooltip=(
+            "Make every answer follow JSON (the API's response_format): any JSON object, or "
+            "the JSON schema below. Tokens the schema allows alone (quotes, braces, keys) are "
+            "checked without drafting and shown on blue."
+        ),
+        group="generation",
+        choices=STRUCTURED_OUTPUTS,
+        choice_titles=("Off", "Any JSON object", "JSON schema"),
+    ),
+    SettingSpec(
+        key="json_schema",
+        kind=str,
+        default="",
+        title="JSON schema",
+        tooltip="The schema every answer follows when Structured output is JSON schema.",
+        group="generation",
+        multiline=True,
+        placeholder='{"type": "object", "properties": {"name": {"type": "string"}}}',
     ),
     # -- view --------------------------------------------------------------------------------
     SettingSpec(

@@ -1,7 +1,9 @@
 """The sidebar's settings form: an editor for every declared setting, grouped in sections.
 
 Editors write through to :class:`~gui.settings.AppSettings` as they change and follow the
-settings when they change elsewhere; the system prompt is saved when typing pauses.
+settings when they change elsewhere; a text box (the system prompt, the JSON schema) is saved
+when typing pauses. A setting that only matters for one choice of another (the JSON schema
+for Structured output's "JSON schema") is shown only then.
 
 Signals:
     write_failed(str): a value was refused; the one-line reason.
@@ -36,6 +38,7 @@ from gui.form_widgets import (
     select_data,
 )
 from gui.settings import SETTINGS
+from gui.style import monospace_font
 
 if TYPE_CHECKING:
     from gui.settings import AppSettings, SettingSpec
@@ -49,8 +52,11 @@ FORM_GROUPS: tuple[tuple[str, str], ...] = (
 )
 SHOWN_WITH_THE_MODELS = frozenset({"speculation_method"})
 FLOAT_DECIMALS = 2
-SYSTEM_PROMPT_LINES = 4
-SYSTEM_PROMPT_SAVE_DELAY_MS = 400
+TEXT_BOX_LINES = 4
+TEXT_BOX_SAVE_DELAY_MS = 400
+MONOSPACED_TEXTS = frozenset({"json_schema"})  # text boxes that hold code, not prose
+# A setting shown only while another has one value: {setting: (other setting, its value)}.
+SHOWN_ONLY_FOR: dict[str, tuple[str, str]] = {"json_schema": ("structured_output", "json_schema")}
 TEXT_BOX_PADDING = 12
 
 
@@ -68,10 +74,12 @@ class SettingsForm(QWidget):
         self._settings = settings
         self.editors: dict[str, QWidget] = {}
         self._captions: list[QLabel] = []
-        self._prompt_timer = QTimer(self)
-        self._prompt_timer.setSingleShot(True)
-        self._prompt_timer.setInterval(SYSTEM_PROMPT_SAVE_DELAY_MS)
-        self._prompt_timer.timeout.connect(self._save_system_prompt)
+        self._rows: dict[str, tuple[QFormLayout, list[QWidget]]] = {}  # each editor's row(s)
+        self._unsaved_texts: set[str] = set()  # text boxes typed in since the last save
+        self._text_timer = QTimer(self)
+        self._text_timer.setSingleShot(True)
+        self._text_timer.setInterval(TEXT_BOX_SAVE_DELAY_MS)
+        self._text_timer.timeout.connect(self._save_texts)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         for group, title in FORM_GROUPS:
@@ -81,18 +89,28 @@ class SettingsForm(QWidget):
         for label in self._captions:
             label.setMinimumWidth(width)
         settings.changed.connect(self.show_value)
+        self._show_only_what_matters()
 
     def flush_pending_edits(self) -> None:
-        """Save a system prompt still waiting for typing to pause (call before quitting)."""
-        if self._prompt_timer.isActive():
-            self._prompt_timer.stop()
-            self._save_system_prompt()
+        """Save text still waiting for typing to pause (call before quitting or sending)."""
+        if self._text_timer.isActive():
+            self._text_timer.stop()
+        self._save_texts()
 
     def show_value(self, key: str) -> None:
         """Show a setting's value in its editor (when it changed somewhere else)."""
         editor = self.editors.get(key)
         if editor is not None:
             show_setting(editor, self._settings, key)
+        if any(other == key for other, _value in SHOWN_ONLY_FOR.values()):
+            self._show_only_what_matters()
+
+    def _show_only_what_matters(self) -> None:
+        for key, (other, value) in SHOWN_ONLY_FOR.items():
+            if key in self._rows:
+                form, widgets = self._rows[key]
+                for widget in widgets:
+                    form.setRowVisible(widget, self._settings.get_str(other) == value)
 
     def write(self, key: str, value: str | int | float | bool) -> None:
         """Store a value; a refused one is reported with ``write_failed``."""
@@ -114,15 +132,21 @@ class SettingsForm(QWidget):
             editor.setObjectName(f"setting_{spec.key}")
             editor.setToolTip(spec.tooltip)
             self.editors[spec.key] = editor
+            rows: list[QWidget]
             if isinstance(editor, QCheckBox):
                 form.addRow(editor)
+                rows = [editor]
             elif isinstance(editor, QPlainTextEdit):
-                form.addRow(caption(spec.title, spec.tooltip))
+                label = caption(spec.title, spec.tooltip)
+                form.addRow(label)
                 form.addRow(editor)
+                rows = [label, editor]
             else:
                 label = caption(spec.title, spec.tooltip)
                 self._captions.append(label)
                 form.addRow(label, editor)
+                rows = [editor]
+            self._rows[spec.key] = (form, rows)
         return box
 
     def _make_editor(self, spec: SettingSpec) -> QWidget:
@@ -170,17 +194,24 @@ class SettingsForm(QWidget):
         text = QPlainTextEdit()
         text.setPlaceholderText(spec.placeholder or "None")
         text.setTabChangesFocus(True)
+        if key in MONOSPACED_TEXTS:
+            text.setFont(monospace_font())
         text.setPlainText(self._settings.get_str(key))
         line_height = text.fontMetrics().lineSpacing()
-        text.setFixedHeight(line_height * SYSTEM_PROMPT_LINES + 2 * TEXT_BOX_PADDING)
-        # Only the system prompt is a text box; it is saved when typing pauses.
-        text.textChanged.connect(self._prompt_timer.start)
+        text.setFixedHeight(line_height * TEXT_BOX_LINES + 2 * TEXT_BOX_PADDING)
+        text.textChanged.connect(lambda: self._typed_in(key))
         return text
 
-    def _save_system_prompt(self) -> None:
-        editor = self.editors.get("system_prompt")
-        if isinstance(editor, QPlainTextEdit):
-            self.write("system_prompt", editor.toPlainText())
+    def _typed_in(self, key: str) -> None:
+        self._unsaved_texts.add(key)
+        self._text_timer.start()
+
+    def _save_texts(self) -> None:
+        keys, self._unsaved_texts = sorted(self._unsaved_texts), set()
+        for key in keys:
+            editor = self.editors.get(key)
+            if isinstance(editor, QPlainTextEdit):
+                self.write(key, editor.toPlainText())
 
 
 def show_setting(editor: QWidget, settings: AppSettings, key: str) -> None:

@@ -6,6 +6,7 @@ only translates them, raising SettingsError for a combination the backends refus
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from backends.errors import SettingsError
 from backends.service.generation_options import GenerationOptions
 from backends.service.generation_options import generation_settings as settings_from_options
 from backends.service.protocol import ENGINE_KINDS, LoadRequest
+from backends.speculation.grammar import ANY_JSON_OBJECT, compile_grammar
 from backends.speculation.methods import parse_method
 from gui.settings import RANDOM_SEED
 
@@ -43,7 +45,30 @@ def generation_options(settings: AppSettings) -> GenerationOptions:
         draft_min=min(settings.get_int("draft_min"), settings.get_int("draft_max")),
         p_min=settings.get_float("p_min"),
         exact_batches=settings.get_bool("exact_verification"),
+        grammar=structured_output_grammar(settings),
     )
+
+
+def structured_output_grammar(settings: AppSettings) -> str | None:
+    """The grammar Structured output asks for (None: free text), as the API's response_format.
+
+    A schema that is not JSON, or not a schema, is a one-line SettingsError.
+    """
+    choice = settings.get_str("structured_output")
+    if choice == "json_object":
+        return compile_grammar("json_schema", ANY_JSON_OBJECT)
+    if choice != "json_schema":
+        return None
+    text = settings.get_str("json_schema").strip()
+    if not text:
+        raise SettingsError("Structured output asks for a JSON schema: the JSON schema is empty")
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SettingsError(
+            f"the JSON schema is not JSON: {error.msg} (line {error.lineno}, column {error.colno})"
+        ) from None
+    return compile_grammar("json_schema", schema)
 
 
 def generation_settings(settings: AppSettings) -> GenerationSettings:

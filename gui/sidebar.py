@@ -302,7 +302,7 @@ class Sidebar(QWidget):
         return self._load_panel.placement_text()
 
     def flush_pending_edits(self) -> None:
-        """Save a system prompt still waiting for typing to pause (call before quitting)."""
+        """Save text still waiting for typing to pause (before quitting or answering)."""
         self._settings_form.flush_pending_edits()
 
     def hideEvent(self, event: QHideEvent) -> None:  # noqa: N802 (Qt's name)

@@ -50,14 +50,19 @@ def spans_from_tokens(tokens: Iterable[EmittedToken]) -> tuple[TokenSpan, ...]:
     return tuple(spans)
 
 
+# Each origin's code in storage: 0 and 1 as stored before grammars, 2 for the grammar's.
+ORIGIN_CODES = {TokenOrigin.TARGET: 0, TokenOrigin.DRAFT: 1, TokenOrigin.GRAMMAR: 2}
+ORIGINS_BY_CODE = {code: origin for origin, code in ORIGIN_CODES.items()}
+
+
 def spans_to_json(spans: Iterable[TokenSpan]) -> list[list[int]]:
-    """Compact form for storage: ``[[length, 1 if drafted else 0], ...]``."""
-    return [[span.length, 1 if span.origin is TokenOrigin.DRAFT else 0] for span in spans]
+    """Compact form for storage: ``[[length, origin code], ...]`` (:data:`ORIGIN_CODES`)."""
+    return [[span.length, ORIGIN_CODES[span.origin]] for span in spans]
 
 
 def spans_from_json(raw: Iterable[list[int]]) -> tuple[TokenSpan, ...]:
-    """The inverse of :func:`spans_to_json`."""
+    """The inverse of :func:`spans_to_json` (an unknown code reads as the main model's)."""
     return tuple(
-        TokenSpan(int(length), TokenOrigin.DRAFT if drafted else TokenOrigin.TARGET)
-        for length, drafted in raw
+        TokenSpan(int(length), ORIGINS_BY_CODE.get(int(code), TokenOrigin.TARGET))
+        for length, code in raw
     )

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
+from backends.errors import SpecDeckError
 from backends.service.tuning_prediction import expected_tokens as predicted_tokens
 from backends.speculation.estimates import expected_tokens, reach_chances
 from backends.speculation.sampling import SamplingSettings, probabilities, sample
@@ -133,3 +134,24 @@ def test_the_expected_tokens_are_written_once_for_the_planner_and_the_tuner() ->
     rates = [0.93, 0.71, 0.66, 0.52]
     assert predicted_tokens(rates, 4) == expected_tokens(reach_chances(rates))[-1]
     assert predicted_tokens(rates[:1], 3) == expected_tokens(reach_chances(rates[:1] * 3))[-1]
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-300, 1e-8])
+def test_a_temperature_near_zero_is_all_but_greedy_never_nan(temperature: float) -> None:
+    """logits / 5e-324 overflows to inf, and inf - inf is NaN: found by the API's fuzz test,
+    where NaN probabilities drew the last token of the vocabulary (one a grammar refused)."""
+    logits = np.array([2.0, 7.5, -np.inf, 7.0, -3.0], dtype=np.float32)  # one masked out
+    for top_k in (0, 2):
+        probs = probabilities(logits, SamplingSettings(temperature=temperature, top_k=top_k))
+        assert not np.isnan(probs).any()
+        assert probs.argmax() == 1
+        assert probs[2] == 0.0
+        if temperature < 1e-100:
+            assert probs[1] == 1.0
+        assert sample(probs, np.random.default_rng(0)) == 1
+
+
+def test_a_row_with_no_possible_token_is_an_error_not_a_draw() -> None:
+    logits = np.full(5, -np.inf, dtype=np.float32)
+    with pytest.raises(SpecDeckError, match="no token is possible here"):
+        probabilities(logits, SamplingSettings(temperature=0.7))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from backends.errors import SettingsError
+from backends.errors import SettingsError, SpecDeckError
 
 FloatArray = npt.NDArray[np.float32]
 ProbArray = npt.NDArray[np.float64]
@@ -51,12 +51,18 @@ def probabilities(logits: FloatArray, settings: SamplingSettings) -> ProbArray:
         probs = np.zeros(logits.shape[0], dtype=np.float64)
         probs[int(np.argmax(logits))] = 1.0
         return probs
-    scaled = logits.astype(np.float64) / settings.temperature
+    scaled = logits.astype(np.float64)
+    top = float(scaled.max())
+    if not np.isfinite(top):
+        raise SpecDeckError("no token is possible here: every logit is -inf or not a number")
+    # Shifted before the division: at a temperature near 0 (5e-324 is a float) the division
+    # overflows to inf for every positive logit, and inf - inf would make NaN probabilities.
+    with np.errstate(over="ignore"):  # to -inf, as it should: exp(-inf) is 0
+        scaled = (scaled - top) / settings.temperature
     if 0 < settings.top_k < scaled.shape[0]:
         # Everything below the k-th largest logit is cut.
         kth = np.partition(scaled, -settings.top_k)[-settings.top_k]
         scaled[scaled < kth] = -np.inf
-    scaled -= np.max(scaled)
     probs = np.exp(scaled)
     probs /= probs.sum()
     if settings.min_p > 0.0:

@@ -20,7 +20,7 @@ from gui.chat_store import (
     HistoryError,
     auto_title,
 )
-from gui.transcript import TokenSpan
+from gui.transcript import TokenSpan, spans_from_json, spans_to_json
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -30,6 +30,7 @@ SPANS = (
     TokenSpan(5, TokenOrigin.TARGET),
     TokenSpan(1, TokenOrigin.DRAFT),
     TokenSpan(6, TokenOrigin.DRAFT),
+    TokenSpan(2, TokenOrigin.GRAMMAR),
 )
 
 
@@ -454,3 +455,13 @@ def test_recent_user_messages_are_the_newest_over_every_chat(store: ChatStore) -
     store.add_message(first, "user", "Write a parser.")  # asked again: listed once, as newest
     assert store.recent_user_messages(5) == ["Write a parser.", "Add docstrings."]
     assert store.recent_user_messages(1) == ["Write a parser."]
+
+
+def test_spans_stored_before_grammars_read_as_they_were() -> None:
+    """Answers stored before the grammar's origin: [length, 1 if drafted else 0]."""
+    assert spans_from_json([[5, 0], [1, 1], [2, 2]]) == (
+        TokenSpan(5, TokenOrigin.TARGET),
+        TokenSpan(1, TokenOrigin.DRAFT),
+        TokenSpan(2, TokenOrigin.GRAMMAR),
+    )
+    assert spans_to_json(SPANS) == [[5, 0], [1, 1], [6, 1], [2, 2]]

@@ -11,8 +11,16 @@ from PySide6.QtWidgets import QApplication, QLabel, QToolTip
 
 from backends.speculation.types import EmittedToken, SpeculationStats, TokenOrigin
 from gui.answer_text import CODE_PADDING, AnswerBrowser, is_code_line
-from gui.compare_view import CompareView
-from gui.style import BAD, CODE_BACKGROUND, DRAFT_TOOLTIP, GOOD, WARN
+from gui.compare_view import GRAMMAR_LEGEND_TEXT, LEGEND_OFF_TEXT, LEGEND_TEXT, CompareView
+from gui.style import (
+    BAD,
+    CODE_BACKGROUND,
+    DRAFT_TOOLTIP,
+    GOOD,
+    GRAMMAR_BACKGROUND,
+    GRAMMAR_TOOLTIP,
+    WARN,
+)
 
 if TYPE_CHECKING:
     from pytestqt.qtbot import QtBot
@@ -274,3 +282,38 @@ def test_cancel_before_the_plain_run_stops_both(view: CompareView) -> None:
     assert view.column_status_text("speculative").startswith("stopped")
     assert view.column_status_text("plain").startswith("stopped")
     assert view.column_text("speculative") == "The"
+
+
+def test_grammar_tokens_are_blue_tell_their_origin_and_join_the_legend(
+    qtbot: QtBot, view: CompareView
+) -> None:
+    g = TokenOrigin.GRAMMAR
+    view.resize(1000, 500)
+    view.show()
+    legend = view.findChild(QLabel, "speculative-subtitle")
+    assert legend is not None
+    assert legend.text() == LEGEND_TEXT
+    view.append_tokens("speculative", tokens(('{"', g), ("name", g), ('":"', g), ("Ada", D)))
+    view.update_stats("speculative", SpeculationStats(generated_tokens=4, grammar_tokens_count=3))
+    qtbot.waitUntil(lambda: view.column_text("speculative") == '{"name":"Ada', timeout=2000)
+    speculative = answer_browser(view, "speculative")
+    assert view.highlighted_text() == "Ada"  # the draft's green
+    cursor = speculative.document().find("name")
+    assert cursor.charFormat().background().color() == GRAMMAR_BACKGROUND
+    assert speculative.origin_at(point_inside(speculative, "name")) is g
+    viewport = speculative.viewport()
+    point = point_inside(speculative, "name")
+    QApplication.sendEvent(
+        viewport, QHelpEvent(QEvent.Type.ToolTip, point, viewport.mapToGlobal(point))
+    )
+    qtbot.waitUntil(lambda: QToolTip.text() == GRAMMAR_TOOLTIP, timeout=2000)
+    QToolTip.hideText()
+    assert legend.text() == GRAMMAR_LEGEND_TEXT
+    view.set_visualize_drafts(False)
+    assert legend.text() == LEGEND_OFF_TEXT
+    assert speculative.document().find("name").charFormat().background().color() != (
+        GRAMMAR_BACKGROUND
+    )
+    view.set_visualize_drafts(True)
+    view.begin("auto")  # the next answer: no grammar until its stats say so
+    assert legend.text() == LEGEND_TEXT

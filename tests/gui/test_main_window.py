@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from typing import TYPE_CHECKING
@@ -124,6 +125,66 @@ def test_answer_highlights_exactly_the_accepted_draft_tokens(
     assert stored[1].content == text
     assert stored[1].stats is not None
     assert stored[1].stats.accepted_draft_tokens_count == stats.accepted_draft_tokens_count
+
+
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_output_follows_the_schema_and_shows_the_grammar_s_tokens_on_blue(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    """The sidebar's Structured output is the API's response_format: the answer is JSON that
+    follows the schema, and the tokens the schema allowed alone (braces, quotes, the keys)
+    are a third origin, on their own colour, counted in the meter and stored."""
+    window.settings.set("structured_output", "json_schema")
+    window.settings.set("json_schema", json.dumps(PERSON_SCHEMA))
+    recorder = _Recorder(window)
+    assert _ask(qtbot, window, "Describe a person as JSON.") == "complete"
+    stats = recorder.stats
+    assert stats is not None
+    text = window.chat.answer_text()
+    person = json.loads(text)  # follows PERSON_SCHEMA:
+    assert set(person) == {"name", "age"}
+    assert isinstance(person["name"], str)
+    assert len(person["name"]) <= 12
+    assert isinstance(person["age"], int)
+    assert 0 <= person["age"] <= 120
+    by_grammar = "".join(t.text for t in recorder.tokens if t.origin is TokenOrigin.GRAMMAR)
+    assert stats.grammar_tokens_count == sum(
+        1 for t in recorder.tokens if t.origin is TokenOrigin.GRAMMAR
+    )
+    assert "name" in by_grammar  # the keys cost no drafting
+    assert "age" in by_grammar
+    assert window.chat.highlighted_text(origin=TokenOrigin.GRAMMAR) == by_grammar
+    assert f"grammar {stats.grammar_tokens_count}" in window.meter.value_texts()["counts"]
+    # Stored with their origin: the chat read back shows them on blue again.
+    assert window.conversation_id is not None
+    window.chat.set_messages(window.store.messages(window.conversation_id))
+    assert window.chat.highlighted_text(origin=TokenOrigin.GRAMMAR) == by_grammar
+    # A schema that is not JSON is a one-line error; the question stays in the chat.
+    window.settings.set("json_schema", '{"type": "object",')
+    window.input.setPlainText("Another person?")
+    window.send_message()
+    assert "the JSON schema is not JSON" in window.sidebar.error_text()
+    assert "\n" not in window.sidebar.error_text()
+    assert window.store.messages(window.conversation_id)[-1].content == "Another person?"
+    assert not window.answers.busy
+    # Off again: free text, no grammar tokens.
+    window.settings.set("structured_output", "off")
+    window.settings.set("max_tokens", 6)
+    recorder = _Recorder(window)
+    assert _ask(qtbot, window, "Say hello.") == "complete"
+    assert recorder.stats is not None
+    assert recorder.stats.grammar_tokens_count == 0
+    assert "grammar" not in window.meter.value_texts()["counts"]
 
 
 def test_visualize_toggle_removes_and_restores_the_highlight(

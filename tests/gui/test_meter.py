@@ -220,3 +220,26 @@ def test_method_share_shown_only_for_several_methods(meter: AcceptanceMeter) -> 
         )
     )
     assert meter.value_texts()["methods"] == "Rounds: n-gram 60% · none 40%"
+
+
+def test_the_grammar_s_tokens_are_counted_only_in_answers_with_a_grammar(
+    meter: AcceptanceMeter,
+) -> None:
+    meter.start("auto")
+    meter.finish(SpeculationStats(rounds=4, total_draft_tokens_count=6, grammar_tokens_count=0))
+    assert "grammar" not in meter.value_texts()["counts"]
+    meter.start("auto")
+    meter.finish(
+        SpeculationStats(
+            rounds=4,
+            total_draft_tokens_count=6,
+            accepted_draft_tokens_count=5,
+            rejected_draft_tokens_count=1,
+            grammar_tokens_count=9,
+        )
+    )
+    assert meter.value_texts()["counts"] == (
+        "Drafted 6 · accepted 5 · rejected 1 · ignored 0 · grammar 9"
+    )
+    meter.reset()
+    assert meter.value_texts()["counts"] == NO_COUNTS

@@ -11,6 +11,7 @@ import pytest
 import gui.settings as settings_module
 from backends.errors import SettingsError
 from backends.paths import user_data_dir
+from backends.speculation.grammar import ANY_JSON_OBJECT, compile_grammar
 from backends.speculation.types import (
     DEFAULT_DRAFT_MAX,
     DEFAULT_DRAFT_MIN,
@@ -336,3 +337,22 @@ def test_extra_model_folders_are_split(settings_path: Path, tmp_path: Path) -> N
     first, second = tmp_path / "a", tmp_path / "b c"
     settings.set("extra_model_folders", f"{first}{os.pathsep}{os.pathsep}{second}")
     assert extra_model_folders(settings) == [first, second]
+
+
+def test_structured_output_is_the_api_s_response_format(settings_path: Path) -> None:
+    settings = AppSettings(settings_path)
+    assert generation_settings(settings).grammar is None
+    settings.set("structured_output", "json_object")
+    assert generation_settings(settings).grammar == compile_grammar("json_schema", ANY_JSON_OBJECT)
+    settings.set("structured_output", "json_schema")
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    settings.set("json_schema", json.dumps(schema))
+    assert generation_settings(settings).grammar == compile_grammar("json_schema", schema)
+    for text, words in (
+        ("", "the JSON schema is empty"),
+        ('{"type": "object",', "the JSON schema is not JSON: Expecting property name"),
+        ('{"type": "objekt"}', "invalid json schema: Invalid type: objekt"),
+    ):
+        settings.set("json_schema", text)
+        with pytest.raises(SettingsError, match=words):
+            generation_settings(settings)

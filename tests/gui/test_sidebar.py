@@ -50,6 +50,8 @@ FORM_KEYS = (
     "max_tokens",
     "context_size",
     "system_prompt",
+    "structured_output",
+    "json_schema",
     "visualize_drafts",
     "compare",
 )
@@ -615,3 +617,31 @@ def test_a_pending_system_prompt_is_saved_on_hide(sidebar: Sidebar, settings: Ap
     sidebar.hide()
     assert settings.get("system_prompt") == "Use metric units."
     assert AppSettings(settings.path).get("system_prompt") == "Use metric units."
+
+
+@pytest.mark.default_pair
+def test_the_json_schema_box_shows_for_a_json_schema_and_saves_when_typing_pauses(
+    sidebar: Sidebar, settings: AppSettings, qtbot: QtBot
+) -> None:
+    schema = sidebar.setting_widget("json_schema")
+    assert isinstance(schema, QPlainTextEdit)
+    assert not schema.isVisible()  # Structured output is off
+    choice = sidebar.setting_widget("structured_output")
+    assert isinstance(choice, QComboBox)
+    assert [choice.itemText(i) for i in range(choice.count())] == [
+        "Off",
+        "Any JSON object",
+        "JSON schema",
+    ]
+    choice.setCurrentIndex(2)
+    assert settings.get("structured_output") == "json_schema"
+    assert schema.isVisible()
+    schema.setFocus()
+    QTest.keyClicks(schema, '{"type": "object"}')
+    assert settings.get("json_schema") == ""  # saved when typing pauses, not per key
+    qtbot.waitUntil(lambda: settings.get("json_schema") == '{"type": "object"}')
+    QTest.keyClicks(schema, " ")
+    sidebar.flush_pending_edits()  # as sending a message does
+    assert settings.get("json_schema") == '{"type": "object"} '
+    settings.set("structured_output", "json_object")  # changed elsewhere: the box follows
+    assert not schema.isVisible()
