@@ -60,6 +60,22 @@ def test_the_memory_keeps_the_newest_answers(tmp_path: Path) -> None:
     assert memory.recall(keys[3]) is None
 
 
+def test_an_answer_in_use_outlives_answers_of_one_off_loads(tmp_path: Path) -> None:
+    """Recalled from the older half, an answer moves to the newest end."""
+    memory = ExactnessMemory(tmp_path / EXACTNESS_FILE)
+    in_use = fingerprint_key({"model": "default pair"})
+    memory.remember(in_use, 8)
+    for n in range(MAX_REMEMBERED - 1):
+        memory.remember(fingerprint_key({"copy": n}), 1)
+    assert memory.recall(in_use) is not None  # the oldest of a full memory: moved on
+    for n in range(MAX_REMEMBERED // 2):
+        memory.remember(fingerprint_key({"later copy": n}), 1)
+    recalled = memory.recall(in_use)
+    assert recalled is not None
+    assert recalled.limit == 8
+    assert memory.recall(fingerprint_key({"copy": 0})) is None  # one-off: gone
+
+
 def test_a_broken_or_unwritable_file_only_costs_a_probe(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXACTNESS_FILE = "exactness.json"
-MAX_REMEMBERED = 64
+# The answers kept, newest (remembered or recalled) last: a suite run of the tests loads about
+# a hundred models under keys of their own (copies in temporary folders among them), and an
+# entry is about 100 bytes.
+MAX_REMEMBERED = 512
 # Part of every fingerprint: bump it when the probe or an engine's evaluate path changes,
 # so that answers of the old code are probed again.
 PROBE_CODE_VERSION = 1
@@ -121,16 +124,25 @@ class ExactnessMemory:
         self.path = path or cache_dir() / EXACTNESS_FILE
 
     def recall(self, key: str) -> ProbedExactness | None:
-        """The answer probed under ``key`` (None: never probed, or the file is unreadable)."""
-        entry = self._read().get(key)
+        """The answer probed under ``key`` (None: never probed, or the file is unreadable).
+
+        An answer recalled from the older half moves to the newest end, so the answers in use
+        outlive those of one-off loads (a model copied to a temporary folder).
+        """
+        entries = self._read()
+        entry = entries.get(key)
         if not isinstance(entry, dict):
             return None
         try:
-            return ProbedExactness(
+            recalled = ProbedExactness(
                 int(entry["limit"]), bool(entry["siblings"]), str(entry["probed_on"])
             )
         except (KeyError, TypeError, ValueError):
             return None
+        if list(entries).index(key) < len(entries) // 2:
+            entries[key] = entries.pop(key)
+            self._write(entries)
+        return recalled
 
     def remember(self, key: str, limit: int, *, siblings: bool = False) -> ProbedExactness:
         """Keep what a probe under ``key`` found; returns it as recalled later."""
@@ -138,12 +150,15 @@ class ExactnessMemory:
         entries = self._read()
         entries.pop(key, None)
         entries[key] = {"limit": limit, "siblings": siblings, "probed_on": probed.probed_on}
+        self._write(entries)
+        return probed
+
+    def _write(self, entries: dict[str, Any]) -> None:
         kept = dict(list(entries.items())[-MAX_REMEMBERED:])
         try:
             write_json_atomically(self.path, {"answers": kept})
         except OSError as error:
             log.warning("cannot remember the exactness probe in %s: %s", self.path, error)
-        return probed
 
     def _read(self) -> dict[str, Any]:
         try:
