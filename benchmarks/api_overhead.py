@@ -35,13 +35,13 @@ from benchmarks.vs_llama_cpp import PROMPTS, PeerPrompt, run_specdeck
 SPECDECK = Path(sys.executable).with_name("specdeck")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
-def _wait_ready(port: int, server: subprocess.Popen[bytes], timeout: float = 600.0) -> None:
+def wait_ready(port: int, server: subprocess.Popen[bytes], timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -98,14 +98,14 @@ def served_run(args: argparse.Namespace, prompt: str) -> dict[str, Any]:
     and then measures; so does this, so that ngram-mod (which remembers across answers)
     knows exactly as much in both.
     """
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [str(SPECDECK), "serve", "--port", str(port), "--main", str(args.main)]
         + ["--draft", str(args.draft), "--threads", str(args.threads)],
         stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_ready(port, server)
+        wait_ready(port, server)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
         api_run(client, prompt, 8)
         return api_run(client, prompt, args.max_tokens)

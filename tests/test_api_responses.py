@@ -177,6 +177,11 @@ def test_function_calls_and_their_outputs_round_trip(smollm_server: Served) -> N
         ({"tools": [{"type": "web_search"}]}, "tools[0]", "only function tools"),
         ({"text": {"format": "json"}}, "text.format", "must be an object"),
         ({"instructions": 3}, "instructions", "must be a string"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c9", "output": "17"}]},
+            "input",
+            "input[0].call_id 'c9' answers no function_call before it",
+        ),
     ],
 )
 def test_a_bad_responses_request_is_a_400_naming_it(

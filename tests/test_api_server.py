@@ -438,10 +438,16 @@ def test_response_format_and_grammar_shape_the_answer(server: Served) -> None:
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "schema"),
         ({"grammar": "root ::= ("}, "grammar", "invalid gbnf: Expected ')'"),
         ({"grammar": "x", "response_format": {"type": "text"}}, "grammar", "not both"),
+        (  # a keyword llguidance does not implement
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}},
+            "response_format",
+            'Unimplemented keys: ["not"]',
+        ),
+        ({"grammar": 'root ::= "ab" root'}, None, "the grammar cannot take token"),  # no end
     ],
 )
 def test_a_bad_schema_or_grammar_is_a_400_naming_it(
-    server: Served, fields: dict[str, Any], param: str, words: str
+    server: Served, fields: dict[str, Any], param: str | None, words: str
 ) -> None:
     body = json.dumps({"messages": MESSAGES, "max_tokens": 8, **fields}).encode()
     got, answer = server.request(

@@ -243,6 +243,11 @@ def test_auto_with_a_response_format_answers_calls_or_the_json(qwen_server: Serv
             "messages[0].tool_call_id",
         ),
         (
+            {"messages": [*ASK, {"role": "tool", "content": "17", "tool_call_id": "c9"}]},
+            "messages",
+            "messages[1].tool_call_id 'c9' answers no tool call",
+        ),
+        (
             {
                 "messages": [
                     {
@@ -341,3 +346,44 @@ def test_a_forced_call_works_where_the_template_knows_no_tools(smollm_server: Se
     assert len(calls) >= 1
     assert {call.function.name for call in calls} <= {"get_weather", "get_time"}
     assert answer.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.default_pair
+def test_an_agent_of_the_openai_agents_sdk_calls_the_tool_and_answers_with_its_result(
+    qwen_server: Served,
+) -> None:
+    """A real agent library over /v1/responses, to the end of a two-step tool call: the
+    model's call runs the tool, its result goes back as a function_call_output, and the
+    model answers with it."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # no traces sent to OpenAI's servers
+    cities: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather now in a city."""
+        cities.append(city)
+        return "Rain, 9 degrees Celsius"
+
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{qwen_server.port}/v1", api_key="none")
+    agent = Agent(
+        name="Weather",
+        instructions="Answer the question in one sentence, using the tool's result.",
+        tools=[get_weather],
+        model=OpenAIResponsesModel(model=model_of(qwen_server), openai_client=client),
+        # The first turn must call the tool; the SDK then lets the model choose ("auto").
+        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=80),
+    )
+    result = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
+    assert cities == ["Paris"]
+    assert isinstance(result.final_output, str)
+    assert "9" in result.final_output or "rain" in result.final_output.lower()

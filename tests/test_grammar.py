@@ -80,6 +80,27 @@ def test_a_bad_schema_or_grammar_is_one_line_naming_the_problem(
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("grammar", "words"),
+    [
+        ('root ::= "ab" root', "the grammar cannot take token"),  # llguidance's item limit
+        ('root ::= root "a"', "the grammar cannot go on"),  # nothing can start it
+    ],
+)
+def test_a_grammar_that_can_never_finish_is_a_short_error_not_a_hang(
+    smollm_target: LlamaEngine, grammar: str, words: str
+) -> None:
+    """Such a grammar compiles; generating under it ends at once with one short line."""
+    decoder = SpeculativeDecoder(smollm_target)
+    settings = GenerationSettings(max_tokens=8, grammar=compile_grammar("gbnf", grammar))
+    with pytest.raises(SettingsError) as refused:
+        decoder.run(decoder.prompt_tokens(user("Hi")), settings)
+    message = str(refused.value)
+    assert message.startswith(words), message
+    assert "<state>" not in message
+    assert len(message) < 300
+
+
 def test_the_tokenizer_is_the_engine_s_own(smollm_target: LlamaEngine) -> None:
     tokenizer = grammar_tokenizer(smollm_target)
     assert grammar_tokenizer(smollm_target) is tokenizer  # built once per engine

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 # The grammars a front end can ask for, by the name of their source language.
 GRAMMAR_KINDS = ("json_schema", "lark", "regex", "gbnf")
+MAX_ERROR_LENGTH = 240  # of a grammar's error in a one-line message
 # Any JSON object (OpenAI's ``{"type": "json_object"}``).
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -142,6 +143,8 @@ class GrammarMatcher:
     def allowed(self) -> np.ndarray[Any, np.dtype[np.bool_]]:
         """Which tokens the grammar allows next, as a mask over the logit row."""
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        if self._matcher.is_error():  # e.g. a grammar that can never finish, past its limits
+            raise SettingsError(f"the grammar cannot go on: {self._error()}")
         allowed = np.unpackbits(bits, bitorder="little").astype(bool)
         if allowed.shape[0] < self._width:
             allowed = np.concatenate([allowed, np.zeros(self._width - allowed.shape[0], bool)])
@@ -149,7 +152,10 @@ class GrammarMatcher:
 
     def masked(self, row: LogitRows) -> LogitRows:
         """``row`` with every token the grammar forbids next at -inf (a new array)."""
-        masked: LogitRows = np.where(self.allowed(), row, np.float32(-np.inf)).astype(
+        allowed = self.allowed()
+        if not allowed.any():
+            raise SettingsError("the grammar allows no token here: it can never be finished")
+        masked: LogitRows = np.where(allowed, row, np.float32(-np.inf)).astype(
             np.float32, copy=False
         )
         return masked
@@ -164,9 +170,11 @@ class GrammarMatcher:
     def consume(self, token: int) -> None:
         """Move past ``token``; it must be allowed (the masks make sure of it)."""
         if not self._matcher.consume_token(token) or self._matcher.is_error():
-            raise SettingsError(
-                f"the grammar refused token {token}: {_one_line(self._matcher.get_error())}"
-            )
+            raise SettingsError(f"the grammar cannot take token {token}: {self._error()}")
+
+    def _error(self) -> str:
+        """The matcher's error, without the parser state and grammar llguidance appends."""
+        return _one_line(self._matcher.get_error()).split(" <state>")[0][:MAX_ERROR_LENGTH]
 
     def consume_drafted(self, token: int) -> None:
         """Move past a token a draft model drafted (undone by :meth:`rollback_draft`)."""

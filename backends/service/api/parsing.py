@@ -123,6 +123,7 @@ def parse_messages(raw: Any) -> tuple[ChatMessage, ...]:
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     messages = []
+    call_ids: set[str] = set()  # the ids of the calls made so far
     for index, message in enumerate(raw):
         if not isinstance(message, dict):
             raise ApiError(400, f"messages[{index}] must be an object", param="messages")
@@ -138,6 +139,7 @@ def parse_messages(raw: Any) -> tuple[ChatMessage, ...]:
         calls: tuple[ToolCall, ...] = ()
         if role == "assistant" and message.get("tool_calls"):
             calls = message_tool_calls(message["tool_calls"], index)
+            call_ids.update(call.id for call in calls)
         content = message.get("content")
         text = "" if content is None and calls else _content_text(content, index)
         call_id = None
@@ -147,6 +149,13 @@ def parse_messages(raw: Any) -> tuple[ChatMessage, ...]:
                 raise ApiError(
                     400,
                     f"messages[{index}].tool_call_id must name the call this result answers",
+                    param="messages",
+                )
+            if call_id not in call_ids:  # as OpenAI: a result answers a call made before it
+                raise ApiError(
+                    400,
+                    f"messages[{index}].tool_call_id {call_id!r} answers no tool call of an "
+                    "assistant message before it",
                     param="messages",
                 )
         messages.append(ChatMessage(role, text, calls, call_id))

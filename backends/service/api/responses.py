@@ -95,6 +95,7 @@ def _input_messages(raw: Any) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "'input' must be a text or a non-empty list of items", param="input")
     messages: list[dict[str, Any]] = []
+    call_ids: set[object] = set()  # the function calls so far
     for index, item in enumerate(raw):
         where = f"input[{index}]"
         if not isinstance(item, dict):
@@ -103,6 +104,7 @@ def _input_messages(raw: Any) -> list[dict[str, Any]]:
         if kind == "message":
             messages.append({"role": item.get("role"), "content": _item_text(item, where)})
         elif kind == "function_call":
+            call_ids.add(item.get("call_id"))
             call = {
                 "id": item.get("call_id"),
                 "type": "function",
@@ -114,6 +116,12 @@ def _input_messages(raw: Any) -> list[dict[str, Any]]:
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
+            if item.get("call_id") not in call_ids:  # as OpenAI answers it
+                raise ApiError(
+                    400,
+                    f"{where}.call_id {item.get('call_id')!r} answers no function_call before it",
+                    param="input",
+                )
             output = item.get("output")
             messages.append(
                 {
