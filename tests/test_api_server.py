@@ -459,6 +459,30 @@ def test_a_bad_schema_or_grammar_is_a_400_naming_it(
     assert "\n" not in answer["error"]["message"]
 
 
+def test_an_error_after_the_headers_is_said_in_the_stream_and_the_server_goes_on(
+    server: Served,
+) -> None:
+    """A grammar that can never finish fails at its first token, the stream's headers sent:
+    the stream ends with OpenAI's error object, and the next request is answered."""
+    body = json.dumps(
+        {"messages": MESSAGES, "max_tokens": 8, "stream": True, "grammar": 'root ::= "ab" root'}
+    ).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    events = response.read()
+    connection.close()
+    assert response.status == 200
+    last = events.strip().split(b"\n\n")[-1]
+    assert last.startswith(b"data: ")
+    error = json.loads(last[len(b"data: ") :])["error"]
+    assert error["message"].startswith("the grammar cannot take token")
+    answer = server.client().chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", messages=MESSAGES, max_tokens=2
+    )
+    assert answer.choices[0].finish_reason in ("length", "stop")
+
+
 def test_curl_streams_server_sent_events(server: Served) -> None:
     body = json.dumps({"messages": MESSAGES, "max_tokens": 16, "stream": True})
     done = subprocess.run(

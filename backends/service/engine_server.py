@@ -402,16 +402,22 @@ class _EngineBackend:
     def __init__(self, server: EngineServer) -> None:
         self._server = server
         self.counts = RequestCounts()
+        # What the API says of each model of the loaded pair, made once per pair (it
+        # tokenizes the tool-call markers): {"main" or "draft": (the pair, its model)}.
+        self._served: dict[str, tuple[object, ServedModel | None]] = {}
 
     def _model(self, which: str) -> ServedModel | None:
         pair = self._server._pair
         if pair is None:
             return None
+        cached = self._served.get(which)
+        if cached is not None and cached[0] is pair:
+            return cached[1]
         engine = pair.main if which == "main" else pair.draft
         path = pair.request.main_path if which == "main" else pair.request.draft_path
-        if engine is None or path is None:
-            return None
-        return ServedModel.of_engine(path, engine)
+        served = None if engine is None or path is None else ServedModel.of_engine(path, engine)
+        self._served[which] = (pair, served)
+        return served
 
     @property
     def main(self) -> ServedModel | None:

@@ -158,6 +158,17 @@ def test_fenced_code_gets_a_code_block(qtbot: QtBot, view: CompareView) -> None:
     assert image.pixelColor(prose.x() - CODE_PADDING // 2, prose.y()) != CODE_BACKGROUND
 
 
+def assert_tooltip(qtbot: QtBot, browser: AnswerBrowser, needle: str, expected: str) -> None:
+    """Hovering the first character of ``needle`` shows ``expected``."""
+    viewport = browser.viewport()
+    point = point_inside(browser, needle)
+    QApplication.sendEvent(
+        viewport, QHelpEvent(QEvent.Type.ToolTip, point, viewport.mapToGlobal(point))
+    )
+    qtbot.waitUntil(lambda: QToolTip.text() == expected, timeout=2000)
+    QToolTip.hideText()
+
+
 def test_columns_tell_token_origins_while_drafts_are_shown(qtbot: QtBot, view: CompareView) -> None:
     view.resize(1000, 500)
     view.show()
@@ -172,13 +183,7 @@ def test_columns_tell_token_origins_while_drafts_are_shown(qtbot: QtBot, view: C
     # The main model alone wrote every token of its column, whatever a run reported.
     assert plain.origin_at(point_inside(plain, "quick")) is T
 
-    viewport = speculative.viewport()
-    point = point_inside(speculative, "quick")
-    QApplication.sendEvent(
-        viewport, QHelpEvent(QEvent.Type.ToolTip, point, viewport.mapToGlobal(point))
-    )
-    qtbot.waitUntil(lambda: QToolTip.text() == DRAFT_TOOLTIP, timeout=2000)
-    QToolTip.hideText()
+    assert_tooltip(qtbot, speculative, "quick", DRAFT_TOOLTIP)
 
     view.set_visualize_drafts(False)
     assert not speculative.origin_tooltips()
@@ -301,13 +306,7 @@ def test_grammar_tokens_are_blue_tell_their_origin_and_join_the_legend(
     cursor = speculative.document().find("name")
     assert cursor.charFormat().background().color() == GRAMMAR_BACKGROUND
     assert speculative.origin_at(point_inside(speculative, "name")) is g
-    viewport = speculative.viewport()
-    point = point_inside(speculative, "name")
-    QApplication.sendEvent(
-        viewport, QHelpEvent(QEvent.Type.ToolTip, point, viewport.mapToGlobal(point))
-    )
-    qtbot.waitUntil(lambda: QToolTip.text() == GRAMMAR_TOOLTIP, timeout=2000)
-    QToolTip.hideText()
+    assert_tooltip(qtbot, speculative, "name", GRAMMAR_TOOLTIP)
     assert legend.text() == GRAMMAR_LEGEND_TEXT
     view.set_visualize_drafts(False)
     assert legend.text() == LEGEND_OFF_TEXT

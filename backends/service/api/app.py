@@ -10,6 +10,7 @@ words (:mod:`.responses`), answered as a response object or its stream of events
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -42,7 +43,7 @@ from backends.speculation.types import GenerationUpdate, SpeculationStats
 from backends.version import app_version
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from backends.engines.interface import ToolCall
     from backends.service.api.jobs import GenerationBackend, JobEvent
@@ -267,15 +268,11 @@ class ApiServer:
         """What reads the answer's tool calls, where the request offers tools."""
         if parsed.tools is None or not parsed.tools.offered:
             return None
-        assert self.backend.main is not None
+        main = self.backend.main
+        assert main is not None
         names = [function.name for function in parsed.tools.offered]
-        return ToolCallReader(self.backend.main.tool_format, names)
-
-    def _marked_text(self, update: GenerationUpdate) -> str:
-        """A round's text as the tool-call reader reads it: special markers written out."""
-        assert self.backend.main is not None
-        markers = {token: text for text, token in self.backend.main.tool_markers.items()}
-        return "".join(markers.get(t.token_id, t.text) for t in update.tokens)
+        markers = {token: text for text, token in main.tool_markers.items()}
+        return ToolCallReader(main.tool_format, names, markers)
 
     async def _collected(
         self,
@@ -289,14 +286,15 @@ class ApiServer:
         marked: list[str] = []  # the text with the tool-call markers' special tokens written out
         tokens: list[dict[str, Any]] = []
         stats = SpeculationStats()
+        reader = self._tool_call_reader(parsed)
         async for update in self._updates(events, request, job):
             texts.extend(token.text for token in update.tokens)
-            marked.append(self._marked_text(update))
+            if reader is not None:
+                marked.append(reader.text_of(update.tokens))
             tokens.extend(origins(update))
             stats = update.stats
         text = "".join(texts)
         calls: list[ToolCall] = []
-        reader = self._tool_call_reader(parsed)
         if reader is not None:
             content, calls = reader.feed("".join(marked))
             rest, more = reader.finish()
@@ -310,7 +308,7 @@ class ApiServer:
         """A streamed round's content to send and the tool calls it completed."""
         if reader is None:
             return "".join(token.text for token in update.tokens), []
-        text, calls = reader.feed(self._marked_text(update))
+        text, calls = reader.feed(reader.text_of(update.tokens))
         if update.finished:
             rest, more = reader.finish()
             text, calls = text + rest, calls + more
@@ -355,7 +353,8 @@ class ApiServer:
         stats = SpeculationStats()
         reader = self._tool_call_reader(parsed)
         called = 0
-        try:
+        # Headers are out: an error is said in the stream, as OpenAI does.
+        async with _stream_guard(job, lambda error: response.write(sse(error.body()))):
             async for update in self._updates(events, request, job):
                 stats = update.stats
                 text, calls = self._round_text(reader, update)
@@ -387,15 +386,6 @@ class ApiServer:
                 tail["usage"] = usage(stats)
                 await response.write(sse(tail))
             await response.write(sse("[DONE]"))
-        except ConnectionResetError:
-            job.cancel.set()
-            log.info("a client left mid-stream; its generation is cancelled")
-        except asyncio.CancelledError:
-            job.cancel.set()
-            raise
-        except ApiError as error:
-            # Headers are out: say it in the stream, as OpenAI does.
-            await response.write(sse(error.body()))
         return response
 
     # -- the Responses API ---------------------------------------------------------------
@@ -431,7 +421,7 @@ class ApiServer:
         reader = self._tool_call_reader(parsed)
         stats = SpeculationStats()
         tokens: list[dict[str, Any]] = []
-        try:
+        async with _stream_guard(job, lambda error: stream.send("error", **error.body()["error"])):
             async for update in self._updates(events, request, job):
                 stats = update.stats
                 tokens.extend(origins(update))
@@ -447,14 +437,6 @@ class ApiServer:
                 "response.incomplete" if final["status"] == "incomplete" else "response.completed"
             )
             await stream.send(kind, response=final)
-        except ConnectionResetError:
-            job.cancel.set()
-            log.info("a client left mid-stream; its generation is cancelled")
-        except asyncio.CancelledError:
-            job.cancel.set()
-            raise
-        except ApiError as error:
-            await stream.send("error", **error.body()["error"])
         return response
 
 
@@ -466,6 +448,26 @@ class _Collected:
     calls: list[ToolCall]
     tokens: list[dict[str, Any]]
     stats: SpeculationStats
+
+
+@contextlib.asynccontextmanager
+async def _stream_guard(
+    job: ApiJob, say_error: Callable[[ApiError], Awaitable[object]]
+) -> AsyncIterator[None]:
+    """How a stream ends early: a departed client cancels its generation.
+
+    An API error, the headers already sent, is said in the stream (``say_error``).
+    """
+    try:
+        yield
+    except ConnectionResetError:
+        job.cancel.set()
+        log.info("a client left mid-stream; its generation is cancelled")
+    except asyncio.CancelledError:
+        job.cancel.set()
+        raise
+    except ApiError as error:
+        await say_error(error)
 
 
 async def _event_stream(request: web.Request) -> web.StreamResponse:

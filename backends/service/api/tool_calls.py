@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from backends.engines.interface import ToolCall
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
 
     from backends.engines.interface import ModelEngine, ToolFormat, ToolFunction
+    from backends.speculation.types import EmittedToken
 
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
@@ -179,17 +180,28 @@ class ToolCallReader:
     """Reads an answer as it streams: content out at once, each call out once it is whole.
 
     ``names`` are the offered functions: a "call" of any other name stays content, as do
-    calls that do not parse.
+    calls that do not parse. ``markers`` (token id: text) are the markers that are special
+    tokens, which have no text of their own (:func:`marker_tokens`, turned around).
     """
 
-    def __init__(self, tool_format: ToolFormat, names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        tool_format: ToolFormat,
+        names: Sequence[str],
+        markers: Mapping[int, str] | None = None,
+    ) -> None:
         self.tool_format = tool_format
         self.names = frozenset(names)
+        self.markers = dict(markers or {})
         self.calls: list[ToolCall] = []
         self._pending = ""  # text held back: maybe the start of a call
         self._in_call = False  # hermes: inside <tool_call> ... </tool_call>
         self._json_first: bool | None = None  # the answer opened with JSON (None: not yet known)
         self._spaces = ""  # whitespace after a call, content only if more content follows
+
+    def text_of(self, tokens: Iterable[EmittedToken]) -> str:
+        """Generated tokens' text as the reader reads it: the special markers written out."""
+        return "".join(self.markers.get(token.token_id, token.text) for token in tokens)
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         """The next piece of the answer; returns the content to send and calls completed."""
