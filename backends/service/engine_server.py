@@ -36,6 +36,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from dataclasses import asdict
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
@@ -403,20 +404,21 @@ class _EngineBackend:
         self._server = server
         self.counts = RequestCounts()
         # What the API says of each model of the loaded pair, made once per pair (it
-        # tokenizes the tool-call markers): {"main" or "draft": (the pair, its model)}.
-        self._served: dict[str, tuple[object, ServedModel | None]] = {}
+        # tokenizes the tool-call markers): {"main" or "draft": (the pair, its model)}. The
+        # pair is held weakly: an unloaded pair's models are not kept alive by this cache.
+        self._served: dict[str, tuple[weakref.ref[LoadedPair], ServedModel | None]] = {}
 
     def _model(self, which: str) -> ServedModel | None:
         pair = self._server._pair
         if pair is None:
             return None
         cached = self._served.get(which)
-        if cached is not None and cached[0] is pair:
+        if cached is not None and cached[0]() is pair:
             return cached[1]
         engine = pair.main if which == "main" else pair.draft
         path = pair.request.main_path if which == "main" else pair.request.draft_path
         served = None if engine is None or path is None else ServedModel.of_engine(path, engine)
-        self._served[which] = (pair, served)
+        self._served[which] = (weakref.ref(pair), served)
         return served
 
     @property
