@@ -199,18 +199,8 @@ def test_serve_refuses_impossible_generation_flags_before_it_listens() -> None:
         ({"stream": "yes"}, (), "'stream' must be true or false", "stream"),
         ({"stream_options": 1}, (), "'stream_options' must be an object", "stream_options"),
         ({"n": 2}, (), "only n = 1 is supported", "n"),
-        (
-            {"model": "gpt-4o"},
-            (),
-            "model 'gpt-4o' is not loaded; this server answers with 'main'",
-            "model",
-        ),
-        (
-            {"draft_model": "other"},
-            (),
-            "draft model 'other' is not loaded; the loaded draft is 'draft'",
-            "draft_model",
-        ),
+        ({"model": 7}, (), "'model' must be a string", "model"),
+        ({"draft_model": ["d"]}, (), "'draft_model' must be a string", "draft_model"),
     ],
 )
 def test_a_bad_field_is_named(
@@ -220,6 +210,31 @@ def test_a_bad_field_is_named(
         parsed(body, *flags, n_ctx=512)
     assert refused.value.status == 400
     assert message in refused.value.message
+    assert refused.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "param"),
+    [
+        (
+            {"model": "gpt-4o"},
+            "model 'gpt-4o' is not loaded; this server answers with 'main'",
+            "model",
+        ),
+        (
+            {"draft_model": "other"},
+            "draft model 'other' is not loaded; the loaded draft is 'draft'",
+            "draft_model",
+        ),
+    ],
+)
+def test_a_model_that_is_not_loaded_is_a_404_naming_the_loaded_one(
+    body: dict[str, Any], message: str, param: str
+) -> None:
+    with pytest.raises(ApiError) as refused:
+        parsed(body, n_ctx=512)
+    assert (refused.value.status, refused.value.code) == (404, "model_not_found")
+    assert refused.value.message == message
     assert refused.value.param == param
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
 import openai
 import pytest
 
+from backends.engines.interface import ToolCall
+from backends.service.api.jobs import ServedModel
+from backends.service.api.responses import ResponseAnswer, ResponseStream
 from tests.test_api_server import MESSAGES, QUESTION, Served
 from tests.test_api_tools import model_of
 from tests.test_grammar import PERSON_PROMPT, PERSON_SCHEMA, assert_person
@@ -206,3 +210,43 @@ def test_a_bad_responses_request_is_a_400_naming_it(
 def test_models_says_responses_are_not_stored(smollm_server: Served) -> None:
     notes = smollm_server.status()["notes"]
     assert any("stateless" in note for note in notes)
+
+
+class _CollectedEvents:
+    """Stands in for the stream's HTTP response: keeps what the stream writes."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    async def write(self, data: bytes) -> None:
+        line = data.decode().split("\n")[1]
+        self.events.append(json.loads(line.removeprefix("data: ")))
+
+
+def test_text_after_a_streamed_call_is_a_message_item_of_its_own() -> None:
+    served = ServedModel.of("/models/m.gguf", "m")
+    answer = ResponseAnswer({"input": "hi"}, served)
+    sink = _CollectedEvents()
+    stream = ResponseStream(answer, sink)  # type: ignore[arg-type]
+
+    async def write_all() -> None:
+        await stream.text("Let me look. ")
+        await stream.call(ToolCall("call_1", "get_weather", '{"city": "Paris"}'))
+        await stream.text("It is ")
+        await stream.text("sunny.")
+        await stream.close_message()
+
+    asyncio.run(write_all())
+    kinds = [event["type"] for event in sink.events]
+    assert kinds.count("response.output_item.added") == 3
+    done = [e for e in sink.events if e["type"] == "response.output_text.done"]
+    assert [e["text"] for e in done] == ["Let me look. ", "It is sunny."]
+    messages = [item for item in answer.output if item["type"] == "message"]
+    assert [m["content"][0]["text"] for m in messages] == ["Let me look. ", "It is sunny."]
+    assert messages[0]["id"] != messages[1]["id"]
+    assert [item["type"] for item in answer.output] == ["message", "function_call", "message"]
+    # Every event of an item names that item's id and place.
+    for event in sink.events:
+        if "item_id" in event and event["type"].startswith("response.output_text"):
+            item = answer.output[event["output_index"]]
+            assert event["item_id"] == item["id"]

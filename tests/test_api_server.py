@@ -336,9 +336,10 @@ def test_a_client_leaving_mid_stream_cancels_its_generation(server: Served) -> N
     [
         (b"{not json", 400, "not valid JSON"),
         (json.dumps({"max_tokens": 8}).encode(), 400, "'messages' is required"),
-        (json.dumps({"messages": MESSAGES, "model": "gpt-4o"}).encode(), 400, "is not loaded"),
+        (json.dumps({"messages": MESSAGES, "model": "gpt-4o"}).encode(), 404, "is not loaded"),
         (json.dumps({"messages": MESSAGES, "n": 2}).encode(), 400, "only n = 1"),
-        (json.dumps({"messages": MESSAGES, "draft_model": "other"}).encode(), 400, "draft model"),
+        (json.dumps({"messages": MESSAGES, "draft_model": "other"}).encode(), 404, "draft model"),
+        (json.dumps({"messages": MESSAGES, "model": 7}).encode(), 400, "'model' must be a string"),
         (json.dumps({"messages": MESSAGES, "max_tokens": 0}).encode(), 400, "max_tokens"),
         (json.dumps({"messages": MESSAGES, "temperature": -1}).encode(), 400, "temperature"),
         (json.dumps({"messages": [{"role": "robot", "content": "hi"}]}).encode(), 400, "role"),

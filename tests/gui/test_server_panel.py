@@ -9,6 +9,7 @@ import openai
 import pytest
 from PySide6.QtWidgets import QApplication
 
+from backends.service.protocol import LoadRequest
 from backends.speculation.types import SpeculationStats
 from gui.main_window import MainWindow
 from gui.server_panel import ServerPanel, request_line
@@ -176,5 +177,46 @@ def test_the_window_serves_other_machines_only_with_the_key(
         openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
     models = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0).models.list()
     assert smollm_path.stem in [model.id for model in models.data]
+    with engine_wait(qtbot, window.client, window.client.serving, 30_000):
+        panel.switch.setChecked(False)
+
+
+def test_the_api_follows_a_pair_loaded_while_it_serves(
+    qtbot: QtBot, window: MainWindow, smollm_path: Path, tmp_path: Path
+) -> None:
+    panel = window.sidebar.server_panel
+    port = free_port()
+    panel.port.setValue(port)
+    with engine_wait(qtbot, window.client, window.client.serving, 30_000) as serving:
+        panel.switch.setChecked(True)
+    assert serving.args[0] is True, serving.args
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+    assert [model.id for model in client.models.list().data] == [smollm_path.stem] * 2
+    # Another main model (the same weights under another name), and no draft model.
+    other = tmp_path / "other-main.gguf"
+    other.symlink_to(smollm_path)
+    with engine_wait(qtbot, window.client, window.models_loaded, LOAD_TIMEOUT_MS):
+        window.load_models(LoadRequest(str(other), method="ngram-mod", n_ctx=1024))
+    listed = client.models.list().data
+    assert [(model.id, (model.model_extra or {})["specdeck"]["role"]) for model in listed] == [
+        ("other-main", "main")
+    ]
+    with pytest.raises(openai.NotFoundError, match="this server answers with .other-main."):
+        client.chat.completions.create(
+            model=smollm_path.stem, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )
+    answers: dict[str, Any] = {}
+
+    def ask() -> None:
+        answers["reply"] = client.chat.completions.create(
+            model="other-main", messages=[{"role": "user", "content": "Hi"}], max_tokens=8
+        )
+
+    asking = threading.Thread(target=ask)
+    with engine_wait(qtbot, window.client, window.client.api_finished, ANSWER_TIMEOUT_MS):
+        asking.start()
+    asking.join(timeout=60)
+    assert answers["reply"].model == "other-main"
+    assert panel.status.text() == f"Listening on http://127.0.0.1:{port}/v1"
     with engine_wait(qtbot, window.client, window.client.serving, 30_000):
         panel.switch.setChecked(False)

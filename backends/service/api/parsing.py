@@ -168,9 +168,12 @@ def _check_models(body: Mapping[str, Any], backend: GenerationBackend) -> None:
     if main is None:
         raise ApiError(503, backend.unavailable or "no model is loaded", error_type="server_error")
     model = body.get("model")
-    if model is not None and (not isinstance(model, str) or not main.is_named_by(model)):
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "'model' must be a string", param="model")
+    if model is not None and not main.is_named_by(model):
+        # 404, as OpenAI answers a model it does not have (clients raise NotFoundError).
         raise ApiError(
-            400,
+            404,
             f"model {model!r} is not loaded; this server answers with {main.id!r}",
             param="model",
             code="model_not_found",
@@ -178,10 +181,12 @@ def _check_models(body: Mapping[str, Any], backend: GenerationBackend) -> None:
     draft_model = body.get("draft_model")
     if draft_model is not None:
         draft = backend.draft
-        if not isinstance(draft_model, str) or draft is None or not draft.is_named_by(draft_model):
+        if not isinstance(draft_model, str):
+            raise ApiError(400, "'draft_model' must be a string", param="draft_model")
+        if draft is None or not draft.is_named_by(draft_model):
             loaded = f"the loaded draft is {draft.id!r}" if draft else "no draft model is loaded"
             raise ApiError(
-                400,
+                404,
                 f"draft model {draft_model!r} is not loaded; {loaded}",
                 param="draft_model",
                 code="model_not_found",

@@ -234,12 +234,14 @@ class ResponseAnswer:
             }
         return result
 
-    def message_item(self, text: str, status: str = "completed") -> dict[str, Any]:
-        """The assistant's text as an output message item."""
+    def message_item(
+        self, text: str, status: str = "completed", item_id: str | None = None
+    ) -> dict[str, Any]:
+        """The assistant's text as an output message item (the answer's first, by default)."""
         content = [{"type": "output_text", "text": text, "annotations": []}] if text else []
         return {
             "type": "message",
-            "id": self.message_id,
+            "id": item_id or self.message_id,
             "status": status,
             "role": "assistant",
             "content": content,
@@ -278,7 +280,8 @@ class ResponseStream:
         self.answer = answer
         self.response = response
         self.message_index: int | None = None  # the open message item's place in the output
-        self.text_so_far = ""
+        self.message_id = answer.message_id  # the open (or next) message item's id
+        self.text_so_far = ""  # the open message item's text
 
     async def send(self, kind: str, **fields: Any) -> None:
         await self.response.write(self.answer.event(kind, **fields))
@@ -288,14 +291,14 @@ class ResponseStream:
         answer = self.answer
         if self.message_index is None:
             self.message_index = len(answer.output)
-            item = answer.message_item("", "in_progress")
+            item = answer.message_item("", "in_progress", self.message_id)
             answer.output.append(item)
             await self.send(
                 "response.output_item.added", output_index=self.message_index, item=item
             )
             await self.send(
                 "response.content_part.added",
-                item_id=answer.message_id,
+                item_id=self.message_id,
                 output_index=self.message_index,
                 content_index=0,
                 part={"type": "output_text", "text": "", "annotations": []},
@@ -303,7 +306,7 @@ class ResponseStream:
         self.text_so_far += text
         await self.send(
             "response.output_text.delta",
-            item_id=answer.message_id,
+            item_id=self.message_id,
             output_index=self.message_index,
             content_index=0,
             delta=text,
@@ -313,11 +316,19 @@ class ResponseStream:
         """The message item is complete (a call follows, or the answer ended)."""
         if self.message_index is None:
             return
-        answer, index, text = self.answer, self.message_index, self.text_so_far
+        answer, index, text, item_id = (
+            self.answer,
+            self.message_index,
+            self.text_so_far,
+            self.message_id,
+        )
+        # Text after a tool call is a message item of its own, with its own id and text.
         self.message_index = None
+        self.message_id = f"msg_{uuid.uuid4().hex[:24]}"
+        self.text_so_far = ""
         await self.send(
             "response.output_text.done",
-            item_id=answer.message_id,
+            item_id=item_id,
             output_index=index,
             content_index=0,
             text=text,
@@ -325,12 +336,12 @@ class ResponseStream:
         part = {"type": "output_text", "text": text, "annotations": []}
         await self.send(
             "response.content_part.done",
-            item_id=answer.message_id,
+            item_id=item_id,
             output_index=index,
             content_index=0,
             part=part,
         )
-        answer.output[index] = answer.message_item(text)
+        answer.output[index] = answer.message_item(text, item_id=item_id)
         await self.send("response.output_item.done", output_index=index, item=answer.output[index])
 
     async def call(self, call: ToolCall) -> None:
