@@ -3,7 +3,8 @@
 :mod:`benchmarks.vs_llama_cpp` runs them beside SpecDeck. The build is cached (like the
 portable wheel) in ``~/.cache/specdeck/peer-llama.cpp/VERSION``: the sdist is fetched once
 with pip, its ``vendor/llama.cpp`` configured with CMake (native CPU, release) and only
-``llama-completion`` and ``llama-speculative-simple`` built (about 10 minutes on 2 cores).
+``llama-completion``, ``llama-speculative-simple`` and ``llama-server`` built (about 10
+minutes on 2 cores; :mod:`benchmarks.vs_llama_server` runs the server).
 
 On x86 the AMX kernels are compiled out (``-mno-amx-*``): llama.cpp would otherwise place
 weights in the AMX buffer type, whose kernels crash on some Xeons (issue 12); SpecDeck
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-TOOLS = ("llama-completion", "llama-speculative-simple")
+TOOLS = ("llama-completion", "llama-speculative-simple", "llama-server")
 _NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 _BUILD_STAMP = "specdeck-build.txt"
 _END_MARK = " [end of text]"
@@ -41,6 +42,7 @@ class PeerTools:
 
     completion: Path
     speculative: Path
+    server: Path
     llama_cpp_python: str  # the sdist version whose llama.cpp they come from
     configuration: str  # the CMake options, for the report
 
@@ -69,14 +71,14 @@ def cache_root() -> Path:
 
 
 def cmake_options() -> list[str]:
-    """The configuration: native release build of the two tools, AMX compiled out on x86."""
+    """The configuration: native release build of the tools, AMX compiled out on x86."""
     options = [
         "-DCMAKE_BUILD_TYPE=Release",
         "-DGGML_NATIVE=ON",
         "-DLLAMA_CURL=OFF",
         "-DLLAMA_OPENSSL=OFF",
         "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_SERVER=OFF",
+        "-DLLAMA_BUILD_SERVER=ON",
         "-DGGML_CCACHE=OFF",
     ]
     if platform.machine().lower() in ("x86_64", "amd64"):
@@ -124,7 +126,7 @@ def _fetch_sources(release: str, into: Path) -> Path:
 
 
 def build_tools(log: Callable[[str], None] = print) -> PeerTools:
-    """The two tools for the installed llama-cpp-python's version, built when not cached."""
+    """The tools for the installed llama-cpp-python's version, built when not cached."""
     release = stock_release()
     root = cache_root() / release
     binaries = root / "build" / "bin"
@@ -151,6 +153,7 @@ def build_tools(log: Callable[[str], None] = print) -> PeerTools:
     return PeerTools(
         completion=binaries / TOOLS[0],
         speculative=binaries / TOOLS[1],
+        server=binaries / TOOLS[2],
         llama_cpp_python=release,
         configuration=configuration,
     )

@@ -8,6 +8,7 @@ itself is the test of the real tools. The kernel finding is tested on the real 1
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import platform
 import re
@@ -16,6 +17,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from unittest.mock import patch
 
 import pytest
 
@@ -25,6 +27,7 @@ from backends.models.gguf_info import read_model_info
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.planner import BatchCosts
 from backends.speculation.types import GenerationSettings
+from benchmarks import vs_llama_server as bench
 from benchmarks.draft_model_auto import ModeledClock
 from benchmarks.exact_batches import run_child
 from benchmarks.peer_llama_cpp import (
@@ -94,7 +97,9 @@ def stand_in(folder: Path, name: str, stdout: str, stderr: str, status: int = 0)
 
 
 def tools_in(completion: Path, speculative: Path) -> PeerTools:
-    return PeerTools(completion, speculative, "0.3.36", "test")
+    return PeerTools(
+        completion, speculative, completion.with_name("llama-server"), "0.3.36", "test"
+    )
 
 
 def test_completion_run_reads_decode_speed_and_text(tmp_path: Path) -> None:
@@ -311,3 +316,46 @@ def test_modeled_clock_charges_each_pass_at_its_batch_cost(smollm_target: LlamaE
         assert clock.seconds == pytest.approx(seconds)
     finally:
         del smollm_target.evaluate  # the instance attribute: back to the class's method
+
+
+def _server_answer(seconds: float, tokens: int, text: str) -> dict[str, Any]:
+    return {
+        "seconds": seconds,
+        "tokens": tokens,
+        "tok_s": tokens / seconds,
+        "decode_tok_s": tokens / seconds,
+        "prompt_tokens": 40,
+        "drafted": None,
+        "accepted": None,
+        "text": text,
+    }
+
+
+def test_the_llama_server_comparison_takes_the_fastest_and_says_which_texts_match() -> None:
+
+    prompt = bench.PROMPTS[1]
+    spaced, compact = '{\n  "a": 1\n}', '{"a":1}'
+    seconds = {bench.PLAIN: 4.0, bench.DRAFT: 6.0, bench.NGRAM: 2.0, bench.OURS: 1.0}
+    seconds[bench.OURS_SPACED] = 1.6
+    runs = {}
+    for name, time_taken in seconds.items():
+        text = compact if name == bench.OURS else spaced
+        tokens = 10 if name == bench.OURS else 20
+        runs[prompt.key, name] = bench.Runs(
+            [_server_answer(time_taken * factor, tokens, text) for factor in (1.1, 1.0, 0.9)]
+        )
+    args = argparse.Namespace(threads=2, rounds=3, max_tokens=64)
+    with patch.object(bench, "build_tools", return_value=tools_in(Path("c"), Path("s"))):
+        report = bench.summary([prompt], runs, args)
+    result = report["prompts"][0]
+    assert result["fastest_llama_server"] == bench.NGRAM
+    assert result["specdeck_over_fastest"] == 2.0  # 2.0 s against 1.0 s for the same request
+    assert result["spaced_over_fastest"] == 1.25  # 12.5 tok/s against 10
+    assert result["spaced_over_llama_plain"] == 2.5
+    servers = result["servers"]
+    assert servers[bench.OURS]["same_text_as_llama_plain"] is False
+    assert servers[bench.OURS_SPACED]["same_text_as_llama_plain"] is True
+    assert all(server["parses"] for server in servers.values())
+    table = bench.format_table(report)
+    assert "| function-call | SpecDeck auto | 1.00 | 10.00 |" in table
+    assert "answered 2.00× as fast as the fastest llama-server (llama-server ngram-mod)" in table
