@@ -37,6 +37,7 @@ from benchmarks.peer_llama_cpp import (
     run_completion,
     run_speculative,
 )
+from benchmarks.structured_output import PROMPTS as SCHEMA_PROMPTS
 from benchmarks.vs_llama_cpp import LLAMA_METHODS, PROMPTS, SPECDECK, PeerPrompt, _summarise, table
 from tests.conftest import user
 
@@ -333,7 +334,7 @@ def _server_answer(seconds: float, tokens: int, text: str) -> dict[str, Any]:
 
 def test_the_llama_server_comparison_takes_the_fastest_and_says_which_texts_match() -> None:
 
-    prompt = bench.PROMPTS[1]
+    prompt = SCHEMA_PROMPTS[1]
     spaced, compact = '{\n  "a": 1\n}', '{"a":1}'
     seconds = {bench.PLAIN: 4.0, bench.DRAFT: 6.0, bench.NGRAM: 2.0, bench.OURS: 1.0}
     seconds[bench.OURS_SPACED] = 1.6
