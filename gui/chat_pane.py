@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from PySide6.QtGui import QTextDocument
-    from PySide6.QtWidgets import QTextBrowser
 
     from backends.speculation.types import EmittedToken, SpeculationStats
     from gui.answer_text import TextRun
@@ -123,7 +122,7 @@ class ChatPane(QWidget):
         self._flush_timer.timeout.connect(self._flush_pending_tokens)
 
     @property
-    def browser(self) -> QTextBrowser:
+    def browser(self) -> ChatBrowser:
         """The text browser showing the chat (for coordinates in tests and the main window)."""
         return self._browser
 
@@ -262,8 +261,15 @@ class ChatPane(QWidget):
         return len(self._answers)
 
     def answer_text(self, index: int = -1) -> str:
-        """The generated text of an answer as rendered, without its label and footer."""
+        """The text of an answer as rendered (Markdown shown), without its label and footer."""
         return "".join(run.text for run in self._answer_runs(index))
+
+    def answer_source(self, index: int = -1) -> str:
+        """The generated text of an answer as the model wrote it (its Markdown)."""
+        if self._live is not None:
+            self._live.sync_record()
+        answers = [item for item in self._items if isinstance(item, MessageRecord)]
+        return [record for record in answers if record.role == "assistant"][index].content
 
     def answer_origins(self, index: int = -1) -> list[tuple[str, TokenOrigin]]:
         """The rendered answer as runs of text with one origin (adjacent runs merged)."""
@@ -306,10 +312,10 @@ class ChatPane(QWidget):
         return None
 
     def copy_answer(self, index: int = -1) -> None:
-        """Put an answer's text on the clipboard (nothing happens when there is no such answer)."""
+        """Put an answer's Markdown on the clipboard (nothing when there is no such answer)."""
         if not -len(self._answers) <= index < len(self._answers):
             return
-        QGuiApplication.clipboard().setText(self.answer_text(index))
+        QGuiApplication.clipboard().setText(self.answer_source(index))
 
     def context_menu(self, point: QPoint) -> QMenu:
         """The menu for a right click at ``point``: the browser's own, plus "Copy answer"."""
@@ -347,6 +353,7 @@ class ChatPane(QWidget):
                 live.writer.write(token.text, token.origin)
                 live.parts.append(token.text)
                 live.spans.append(TokenSpan(len(token.text), token.origin))
+        live.writer.render()  # once per flush: only the answer's open part is laid out again
         self._cursor.endEditBlock()
         if follow:
             self._scroll_to_bottom()
@@ -436,6 +443,7 @@ class ChatPane(QWidget):
             written += len(text)
         if written < len(record.content):
             writer.write(record.content[written:], TokenOrigin.TARGET)
+        writer.render()
         if live:
             return _LiveAnswer(record, writer, placement, [record.content], list(record.spans))
         self._close_answer(record, placement)

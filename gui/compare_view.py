@@ -185,6 +185,7 @@ class _Column(QWidget):
             if token.text:
                 origin = token.origin if self.marks_drafts else TokenOrigin.TARGET
                 self._writer.write(token.text, origin)
+        self._writer.render()
         self._cursor.endEditBlock()
         if at_end:
             scrollbar.setValue(scrollbar.maximum())

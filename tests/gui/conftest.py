@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from backends.paths import DATA_DIR_ENV, MODELS_DIR_ENV, models_dir
+from backends.speculation.types import TokenOrigin
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
     from pathlib import Path
 
     from PySide6.QtCore import SignalInstance
@@ -63,7 +64,7 @@ def engine_wait(
 
 def assert_partial_answer_kept(window: MainWindow) -> None:
     """An answer cut short: its text stays on screen and in the history, marked an error."""
-    shown = window.chat.answer_text()
+    shown = window.chat.answer_source()
     assert shown
     assert window.conversation_id is not None
     stored = window.store.messages(window.conversation_id)[-1]
@@ -82,3 +83,29 @@ def smollm_pair_settings(model: Path, *, max_tokens: int) -> AppSettings:
     settings.set("context_size", 1024)
     settings.set("max_tokens", max_tokens)
     return settings
+
+
+def shown_runs(pairs: Sequence[tuple[str, TokenOrigin]]) -> list[tuple[str, TokenOrigin]]:
+    """What the chat shows of an answer of ``pairs`` (its Markdown rendered), merged runs."""
+    from gui.markdown_layout import answer_layout, rendered_runs
+
+    source = "".join(text for text, _ in pairs)
+    origins = [origin for text, origin in pairs for _ in text]
+    runs: list[tuple[str, TokenOrigin]] = []
+    for text, origin in rendered_runs(answer_layout(source, origins)):
+        who = origin or TokenOrigin.TARGET
+        if runs and runs[-1][1] is who:
+            runs[-1] = (runs[-1][0] + text, who)
+        elif text:
+            runs.append((text, who))
+    return runs
+
+
+def shown_text(pairs: Sequence[tuple[str, TokenOrigin]]) -> str:
+    """The text the chat shows of an answer of ``pairs``."""
+    return "".join(text for text, _ in shown_runs(pairs))
+
+
+def shown_on(pairs: Sequence[tuple[str, TokenOrigin]], origin: TokenOrigin) -> str:
+    """The shown text of ``origin``'s characters, line breaks aside (as on its background)."""
+    return "".join(text for text, who in shown_runs(pairs) if who is origin).replace("\n", "")

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import TYPE_CHECKING
 
 import pytest
-from PySide6.QtCore import QEvent, QPoint
+from PySide6.QtCore import QElapsedTimer, QEvent, QPoint, QPointF, Qt, QTimer, QUrl
 from PySide6.QtGui import QFontInfo, QGuiApplication, QHelpEvent
+from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QToolTip
 
 from backends.speculation.types import EmittedToken, SpeculationStats, TokenOrigin
 from gui.answer_text import CODE_PADDING
 from gui.chat_format import MAX_COLUMN_WIDTH
 from gui.chat_pane import ChatPane
+from gui.markdown_layout import answer_layout, rendered_runs
 from gui.style import (
     CODE_BACKGROUND,
     DRAFT_TOOLTIP,
@@ -22,6 +25,8 @@ from gui.style import (
     monospace_font,
 )
 from gui.transcript import MessageRecord, spans_from_tokens
+from tests.gui.test_main_window import MAX_EVENT_LOOP_STALL_MS
+from tests.gui.thread_clock import ThreadClock
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -74,6 +79,22 @@ def merged_runs(pairs: Sequence[tuple[str, TokenOrigin]]) -> list[tuple[str, Tok
 
 def draft_text(pairs: Sequence[tuple[str, TokenOrigin]]) -> str:
     return "".join(text for text, origin in pairs if origin is D).replace("\n", "")
+
+
+def shown_runs(pairs: Sequence[tuple[str, TokenOrigin]]) -> list[tuple[str, TokenOrigin]]:
+    """What the pane shows of an answer of ``pairs`` (its Markdown rendered), merged runs."""
+    source = "".join(text for text, _ in pairs)
+    origins = [origin for text, origin in pairs for _ in text]
+    runs = rendered_runs(answer_layout(source, origins))
+    return merged_runs([(text, origin or T) for text, origin in runs])
+
+
+def shown_text(pairs: Sequence[tuple[str, TokenOrigin]]) -> str:
+    return "".join(text for text, _ in shown_runs(pairs))
+
+
+def shown_draft_text(pairs: Sequence[tuple[str, TokenOrigin]]) -> str:
+    return "".join(text for text, origin in shown_runs(pairs) if origin is D).replace("\n", "")
 
 
 def make_stats(**overrides: object) -> SpeculationStats:
@@ -190,38 +211,45 @@ def test_code_block_keeps_whitespace_and_is_monospace(pane: ChatPane) -> None:
     stream(pane, CODE_ANSWER)
     pane.finish_answer(make_stats())
 
-    expected = "".join(text for text, _ in CODE_ANSWER)
-    assert pane.answer_text() == expected
-    assert "    return a + b\n\n\tx = 1  \n" in pane.answer_text()
-    assert pane.answer_origins() == merged_runs(CODE_ANSWER)
+    source = "".join(text for text, _ in CODE_ANSWER)
+    assert pane.answer_source() == source
+    # The fences are not shown; the code keeps its whitespace, blank line and tab.
+    assert pane.answer_text() == (
+        "Here:\n\ndef add(a, b):\n    return a + b\n\n\tx = 1  \nDone, add works."
+    )
+    assert pane.answer_text() == shown_text(CODE_ANSWER)
+    assert pane.answer_origins() == shown_runs(CODE_ANSWER)
 
     mono_family = monospace_font().family()
-    for needle in ("```python", "    return a + b", "\tx = 1  ", "```\n"):
-        for char_format in answer_formats(pane, needle.rstrip("\n")):
+    for needle in ("def add(a, b):", "    return a + b", "\tx = 1  "):
+        for char_format in answer_formats(pane, needle):
             assert char_format.fontFixedPitch(), needle
             assert mono_family in char_format.fontFamilies(), needle
     assert QFontInfo(answer_formats(pane, "def add")[0].font()).fixedPitch()
     for char_format in answer_formats(pane, "Here:") + answer_formats(pane, "Done, "):
         assert not char_format.fontFixedPitch()
     # inline code in prose is monospace too, the prose around it is not
-    assert all(f.fontFixedPitch() for f in answer_formats(pane, "`add`"))
+    assert all(f.fontFixedPitch() for f in answer_formats(pane, "add works")[:3])
     assert not answer_formats(pane, " works")[0].fontFixedPitch()
 
-    # drafted code is still marked; the split fence is one fence line
-    assert pane.highlighted_text() == draft_text(CODE_ANSWER)
+    # drafted code is still marked
+    assert pane.highlighted_text() == shown_draft_text(CODE_ANSWER)
+    assert "def add(a, b):" in pane.highlighted_text()
 
 
 def test_tilde_fence_and_unclosed_code_block(pane: ChatPane) -> None:
     pairs = [("~~~\n", T), ("x  =  1\n", D), ("``` not a closing fence\n", T), ("y", D)]
     stream(pane, pairs)
-    assert pane.answer_text() == "".join(text for text, _ in pairs)
+    assert pane.answer_text() == "x  =  1\n``` not a closing fence\ny"
     for needle in ("x  =  1", "``` not a closing fence", "y"):
         assert all(f.fontFixedPitch() for f in answer_formats(pane, needle)), needle
 
 
-def test_prose_that_only_starts_like_a_fence_stays_prose(pane: ChatPane) -> None:
+def test_backticks_that_only_start_like_a_fence_are_inline_code(pane: ChatPane) -> None:
     stream(pane, [("``", T), ("x`` and `", D), ("y` ok", T)])
-    assert pane.answer_text() == "``x`` and `y` ok"
+    assert pane.answer_text() == "x and y ok"
+    assert answer_formats(pane, "x and")[0].fontFixedPitch()
+    assert answer_formats(pane, "y ok")[0].fontFixedPitch()
     assert not answer_formats(pane, "ok")[0].fontFixedPitch()
     assert not answer_formats(pane, " and")[0].fontFixedPitch()
 
@@ -338,8 +366,8 @@ def test_set_messages_round_trip(pane: ChatPane) -> None:
     assert pane.answer_text(0) == records[2].content
     assert pane.answer_origins(0) == merged_runs(MIXED)
     assert pane.highlighted_text(0) == draft_text(MIXED)
-    assert pane.answer_text(1) == records[4].content
-    assert pane.answer_origins(1) == merged_runs(CODE_ANSWER)
+    assert pane.answer_source(1) == records[4].content
+    assert pane.answer_origins(1) == shown_runs(CODE_ANSWER)
     assert "75% accepted" in pane.footer_text(0)
     assert pane.footer_text(1).startswith("Stopped · ")
     assert "Second\nquestion" in pane.document.toPlainText().replace("\u2029", "\n")
@@ -485,8 +513,9 @@ def test_two_thousand_tokens_stream_quickly(pane: ChatPane) -> None:
     QApplication.processEvents()
     elapsed = time.perf_counter() - started
 
-    assert pane.answer_text() == "".join(text for text, _ in pairs)
-    assert pane.answer_origins() == merged_runs(pairs)
+    assert pane.answer_source() == "".join(text for text, _ in pairs)
+    assert pane.answer_text() == shown_text(pairs)
+    assert pane.answer_origins() == shown_runs(pairs)
     assert elapsed < 3.0, f"2,000 tokens took {elapsed:.2f} s"
 
 
@@ -508,3 +537,129 @@ def test_wide_windows_keep_a_readable_column(pane: ChatPane, qtbot: QtBot) -> No
     root = pane.document.rootFrame().frameFormat()
     assert root.leftMargin() == root.rightMargin()
     assert pane.document.size().width() - 2 * root.leftMargin() <= MAX_COLUMN_WIDTH
+
+
+def test_each_code_block_has_a_copy_button_and_a_language(pane: ChatPane, qtbot: QtBot) -> None:
+    pairs = [
+        ("Two blocks:\n\n```python\ndef f():\n", T),
+        ("    return 1\n```\n\n```\n", D),
+        ("plain code\n```\n\nSee [the docs](https://example.org/docs).", T),
+    ]
+    stream(pane, pairs)
+    pane.finish_answer(make_stats())
+    boxes = pane.browser.code_boxes()
+    assert [box.language for box in boxes] == ["python", ""]
+    QGuiApplication.clipboard().setText("before")
+    with qtbot.waitSignal(pane.browser.code_copied) as copied:
+        QTest.mouseClick(
+            pane.browser.viewport(),
+            Qt.MouseButton.LeftButton,
+            pos=boxes[0].copy_rect().center().toPoint(),
+        )
+    assert copied.args == ["def f():\n    return 1"]
+    assert QGuiApplication.clipboard().text() == "def f():\n    return 1"
+    QTest.mouseClick(
+        pane.browser.viewport(),
+        Qt.MouseButton.LeftButton,
+        pos=boxes[1].copy_rect().center().toPoint(),
+    )
+    assert QGuiApplication.clipboard().text() == "plain code"
+    # The button sits above the code, in the box's header, not over its first line.
+    first_line = point_inside(pane, "def f", offset=0)
+    assert boxes[0].copy_rect().bottom() <= first_line.y()
+    assert boxes[0].rect.contains(QPointF(first_line))
+
+
+def test_a_link_opens_in_the_browser(pane: ChatPane, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[str] = []
+    monkeypatch.setattr(
+        "gui.answer_text.QDesktopServices.openUrl", lambda url: opened.append(url.toString())
+    )
+    stream(
+        pane,
+        [("See [the docs](https://example.org/docs) or ", T), ("[this](ftp://example.org/f)", D)],
+    )
+    pane.finish_answer(make_stats())
+    assert pane.answer_text() == "See the docs or this"
+    pane.browser.anchorClicked.emit(QUrl("https://example.org/docs"))
+    pane.browser.anchorClicked.emit(QUrl("ftp://example.org/f"))
+    assert opened == ["https://example.org/docs"]  # only web and mail links leave the app
+    cursor = pane.document.find("the docs")
+    assert cursor.charFormat().anchorHref() == "https://example.org/docs"
+
+
+def long_markdown_answer() -> str:
+    """A long answer of every kind of block, its code block 240 lines long."""
+    code = "\n".join(
+        f"def step_{index}(values: list[int]) -> int:  # step {index}\n"
+        f'    """Step {index} of the pipeline."""\n'
+        f"    return sum(v * {index} for v in values if v % 3 != {index % 3})\n"
+        for index in range(60)
+    )
+    items = "\n".join(
+        f"{index}. Item **{index}** with `code` and *emphasis*." for index in range(1, 21)
+    )
+    rows = "\n".join(f"| {index} | `{index * 3}` | row {index} |" for index in range(12))
+    return (
+        "# A long answer\n\nIt has prose, a list, a table and a long code block.\n\n"
+        f"{items}\n\n```python\n{code}\n```\n\n| n | code | text |\n|---|---|---|\n{rows}\n\n"
+        "## Done\n\nThat is **all**."
+    )
+
+
+def test_a_long_markdown_answer_with_code_never_stalls_the_event_loop(
+    pane: ChatPane, qtbot: QtBot
+) -> None:
+    source = long_markdown_answer()
+    pairs = [(source[i : i + 4], D if i % 12 else T) for i in range(0, len(source), 4)]
+    feed = iter(range(0, len(pairs), 4))
+    pane.begin_answer("auto")
+    done: list[bool] = []
+
+    def feed_tokens() -> None:  # about 400 tokens a second, as a fast CPU pair gives
+        start = next(feed, None)
+        if start is None:
+            feeder.stop()
+            pane.finish_answer(make_stats())
+            done.append(True)
+            return
+        pane.append_tokens(tokens(pairs[start : start + 4]))
+
+    feeder = QTimer()
+    feeder.setInterval(10)
+    feeder.timeout.connect(feed_tokens)
+    clock = QElapsedTimer()
+    thread_clock = ThreadClock()
+    gaps: list[tuple[int, float]] = []
+    waited_before = thread_clock.waited_ns()
+
+    def tick() -> None:
+        nonlocal waited_before
+        waited_now = thread_clock.waited_ns()
+        gaps.append((clock.restart(), (waited_now - waited_before) / 1e6))
+        waited_before = waited_now
+
+    ticker = QTimer()
+    ticker.setInterval(5)
+    ticker.timeout.connect(tick)
+    # As the app does after startup (gui/app.py): what exists now is never collected, so a
+    # full collection does not scan the test runner's own objects.
+    gc.freeze()
+    clock.start()
+    ticker.start()
+    feeder.start()
+    try:
+        qtbot.waitUntil(lambda: bool(done), timeout=60_000)
+    finally:
+        ticker.stop()
+        feeder.stop()
+        thread_clock.close()
+        gc.unfreeze()
+    assert pane.answer_source() == source
+    assert pane.answer_text() == shown_text(pairs)
+    assert len(pane.browser.code_boxes()) == 1
+    wall, waited = max(gaps[1:], key=lambda gap: gap[0] - gap[1])
+    print(f"longest stall of the GUI thread's own: {wall - waited:.0f} ms over {len(gaps)} ticks")
+    assert wall - waited < MAX_EVENT_LOOP_STALL_MS, (
+        f"the GUI thread held its event loop for {wall - waited:.0f} ms ({wall} ms gap)"
+    )

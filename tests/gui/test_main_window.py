@@ -17,7 +17,14 @@ from backends.speculation.types import TokenOrigin
 from gui.chat_store import ChatStore
 from gui.main_window import READY_CHAT_HINT, MainWindow
 from gui.settings import AppSettings
-from tests.gui.conftest import assert_partial_answer_kept, engine_wait, smollm_pair_settings
+from tests.gui.conftest import (
+    assert_partial_answer_kept,
+    engine_wait,
+    shown_on,
+    shown_runs,
+    shown_text,
+    smollm_pair_settings,
+)
 from tests.gui.thread_clock import ThreadClock
 
 if TYPE_CHECKING:
@@ -103,14 +110,13 @@ def test_answer_highlights_exactly_the_accepted_draft_tokens(
     assert stats is not None
     assert captions == [f"draft-model · reading the prompt ({stats.prompt_tokens} tokens)…"]
     text = "".join(token.text for token in recorder.tokens)
-    drafted = "".join(t.text for t in recorder.tokens if t.origin is TokenOrigin.DRAFT)
+    pairs = [(token.text, token.origin) for token in recorder.tokens]
     assert stats.accepted_draft_tokens_count > 0
-    assert window.chat.answer_text() == text
-    # Line breaks cannot be shown on a green background; everything else drafted is.
-    assert window.chat.highlighted_text() == drafted.replace("\n", "")
-    rendered = window.chat.answer_origins()
-    assert "".join(piece for piece, _ in rendered) == text
-    assert "".join(p for p, origin in rendered if origin is TokenOrigin.DRAFT) == drafted
+    assert window.chat.answer_source() == text
+    # Shown as Markdown, each character on its origin's background (line breaks aside).
+    assert window.chat.answer_text() == shown_text(pairs)
+    assert window.chat.answer_origins() == shown_runs(pairs)
+    assert window.chat.highlighted_text() == shown_on(pairs, TokenOrigin.DRAFT) != ""
     # The meter shows the answer's own figures.
     assert window.meter.state == "done"
     assert window.meter.overall_acceptance == pytest.approx(stats.acceptance_rate)
@@ -150,7 +156,7 @@ def test_structured_output_follows_the_schema_and_shows_the_grammar_s_tokens_on_
     assert _ask(qtbot, window, "Describe a person as JSON.") == "complete"
     stats = recorder.stats
     assert stats is not None
-    text = window.chat.answer_text()
+    text = window.chat.answer_source()
     person = json.loads(text)  # follows PERSON_SCHEMA:
     assert set(person) == {"name", "age"}
     assert isinstance(person["name"], str)
@@ -278,7 +284,7 @@ def test_escape_stops_and_keeps_the_partial_answer(qtbot: QtBot, window: MainWin
     assert window.conversation_id is not None
     stored = window.store.messages(window.conversation_id)[-1]
     assert stored.state == "cancelled"
-    assert stored.content == window.chat.answer_text() != ""
+    assert stored.content == window.chat.answer_source() != ""
     assert stored.stats is not None
     assert stored.stats.generated_tokens < 2000
 
@@ -344,15 +350,15 @@ def test_regenerate_replaces_the_last_answer_and_copy_copies_it(
     qtbot: QtBot, window: MainWindow
 ) -> None:
     assert _ask(qtbot, window, QUESTION) == "complete"
-    first = window.chat.answer_text()
+    first = window.chat.answer_source()
     with engine_wait(qtbot, window.client, window.answer_finished, ANSWER_TIMEOUT_MS):
         QTest.mouseClick(window.regenerate_button, Qt.MouseButton.LeftButton)
     assert window.chat.answer_count() == 1
-    assert window.chat.answer_text() == first  # temperature 0
+    assert window.chat.answer_source() == first  # temperature 0
     assert window.conversation_id is not None
     assert [r.role for r in window.store.messages(window.conversation_id)] == ["user", "assistant"]
     QTest.mouseClick(window.copy_button, Qt.MouseButton.LeftButton)
-    assert QGuiApplication.clipboard().text() == first
+    assert QGuiApplication.clipboard().text() == first  # the answer's Markdown
 
 
 def test_a_prompt_beyond_the_context_is_an_error_in_the_chat(

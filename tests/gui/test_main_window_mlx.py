@@ -10,6 +10,7 @@ pytest.importorskip("mlx_lm", reason="mlx-lm is not installed (pip install '.[ml
 
 from backends.speculation.types import TokenOrigin
 from gui.settings import AppSettings
+from tests.gui.conftest import shown_on, shown_text
 from tests.gui.test_main_window import QUESTION, _ask, _open_window, _Recorder
 
 if TYPE_CHECKING:
@@ -43,14 +44,14 @@ def test_mlx_answer_highlights_drafts_and_compares_like_llama_cpp(
         assert stats is not None
         assert stats.accepted_draft_tokens_count > 0
         text = "".join(token.text for token in recorder.tokens)
-        drafted = "".join(t.text for t in recorder.tokens if t.origin is TokenOrigin.DRAFT)
         assert "def" in text
-        assert window.chat.answer_text() == text
-        assert window.chat.highlighted_text() == drafted.replace("\n", "")
+        pairs = [(token.text, token.origin) for token in recorder.tokens]
+        assert window.chat.answer_source() == text
+        assert window.chat.highlighted_text() == shown_on(pairs, TokenOrigin.DRAFT)
         assert window.meter.overall_acceptance == pytest.approx(stats.acceptance_rate)
         # Speculative and plain decoding on MLX give one text at temperature 0.
-        assert window.compare_view.column_text("speculative") == text
-        assert window.compare_view.column_text("plain") == text
+        assert window.compare_view.column_text("speculative") == shown_text(pairs)
+        assert window.compare_view.column_text("plain") == shown_text(pairs)
         assert window.compare_view.badge_text() == "Identical text"
     finally:
         window.shutdown()

@@ -217,6 +217,7 @@ def test_the_api_follows_a_pair_loaded_while_it_serves(
         asking.start()
     asking.join(timeout=60)
     assert answers["reply"].model == "other-main"
-    assert panel.status.text() == f"Listening on http://127.0.0.1:{port}/v1"
+    listening = f"Listening on http://127.0.0.1:{port}/v1"
+    qtbot.waitUntil(lambda: panel.status.text() == listening, timeout=5000)  # queue emptied
     with engine_wait(qtbot, window.client, window.client.serving, 30_000):
         panel.switch.setChecked(False)
