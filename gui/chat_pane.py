@@ -317,6 +317,12 @@ class ChatPane(QWidget):
             return
         QGuiApplication.clipboard().setText(self.answer_source(index))
 
+    def copy_last_code_block(self) -> str | None:
+        """Put the conversation's last code block on the clipboard (None: there is none)."""
+        self._flush_pending_tokens()
+        boxes = self._browser.code_boxes()
+        return self._browser.copy_code(boxes[-1].first_block) if boxes else None
+
     def context_menu(self, point: QPoint) -> QMenu:
         """The menu for a right click at ``point``: the browser's own, plus "Copy answer"."""
         scroll = QPoint(

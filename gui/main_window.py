@@ -245,6 +245,9 @@ class MainWindow(QMainWindow):
         chat_menu = self.menuBar().addMenu("&Chat")
         chat_menu.addAction(self.conversations.new_chat_action)
         chat_menu.addAction(stop)
+        copy_code = chat_menu.addAction("Copy last &code block")
+        copy_code.setShortcut(QKeySequence("Ctrl+Shift+C"))
+        copy_code.triggered.connect(self.copy_last_code_block)
         chat_menu.addSeparator()
         quit_action = chat_menu.addAction("&Quit")
         quit_action.setShortcut(QKeySequence.StandardKey.Quit)
@@ -344,6 +347,17 @@ class MainWindow(QMainWindow):
     def reload_models(self) -> None:
         """After a crash or a lost worker: load the last pair again (see LoadController)."""
         self.loads.reload()
+
+    def copy_last_code_block(self) -> None:
+        """Copy the conversation's last code block, and say so in the status bar."""
+        code = self.chat.copy_last_code_block()
+        if code is None:
+            self.statusBar().showMessage("No code block to copy", 3000)
+            return
+        lines = code.count("\n") + 1
+        self.statusBar().showMessage(
+            f"Copied {lines} line{'s' if lines != 1 else ''} of code", 3000
+        )
 
     def forget_load_crashes(self) -> None:
         """Drop the crash records, so that settings that crashed may be tried again."""

@@ -663,3 +663,11 @@ def test_a_long_markdown_answer_with_code_never_stalls_the_event_loop(
     assert wall - waited < MAX_EVENT_LOOP_STALL_MS, (
         f"the GUI thread held its event loop for {wall - waited:.0f} ms ({wall} ms gap)"
     )
+
+
+def test_the_last_code_block_is_copied_by_its_own_command(pane: ChatPane) -> None:
+    assert pane.copy_last_code_block() is None  # no code yet
+    stream(pane, [("```sh\nls -l\n```\n\n", T), ("```python\nprint(1)\nprint(2)\n```", D)])
+    pane.finish_answer(make_stats())
+    assert pane.copy_last_code_block() == "print(1)\nprint(2)"
+    assert QGuiApplication.clipboard().text() == "print(1)\nprint(2)"

@@ -17,6 +17,7 @@ from backends.speculation.types import TokenOrigin
 from gui.chat_store import ChatStore
 from gui.main_window import READY_CHAT_HINT, MainWindow
 from gui.settings import AppSettings
+from gui.transcript import MessageRecord
 from tests.gui.conftest import (
     assert_partial_answer_kept,
     engine_wait,
@@ -229,6 +230,9 @@ def test_comparison_answers_twice_and_reports_speedup(
     window.shutdown()
 
 
+CONTROL_SHIFT = Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier
+
+
 def test_history_survives_a_restart(qtbot: QtBot, settings: AppSettings) -> None:
     first = _open_window(qtbot, settings)
     assert _ask(qtbot, first, QUESTION) == "complete"
@@ -242,6 +246,20 @@ def test_history_survives_a_restart(qtbot: QtBot, settings: AppSettings) -> None
     assert second.chat.answer_text() == text
     assert second.chat.highlighted_text() == highlighted
     assert second.conversations.model.rowCount() == 1
+    # Ctrl+Shift+C copies the last code block of the chat shown.
+    code_answer = "Run:\n\n```sh\nls -l\n```"
+    second.chat.set_messages(
+        [
+            MessageRecord(role="user", content="How?"),
+            MessageRecord(role="assistant", content=code_answer),
+        ]
+    )
+    second.show()
+    with qtbot.waitActive(second):
+        second.activateWindow()
+    QTest.keyClick(second, Qt.Key.Key_C, CONTROL_SHIFT)
+    assert QGuiApplication.clipboard().text() == "ls -l"
+    assert second.statusBar().currentMessage() == "Copied 1 line of code"
     second.shutdown()
 
 
