@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from backends.service.protocol import RunKind
-    from backends.speculation.types import EmittedToken, SpeculationStats
+    from backends.speculation.types import EmittedToken, GenerationSettings, SpeculationStats
     from gui.chat_pane import ChatPane
     from gui.chat_store import ChatStore
     from gui.compare_view import CompareView
@@ -48,11 +48,31 @@ class Answer:
         self.plain_stats: SpeculationStats | None = None
         self.speculative_done = False
         self.dirty = False  # tokens arrived since the history was last written
+        self.used: dict[str, object] = {}  # the models and settings it is generated with
 
     @property
     def text(self) -> str:
         """What has arrived of the speculative run."""
         return "".join(token.text for token in self.tokens)
+
+
+def settings_used(settings: GenerationSettings, method: str | None) -> dict[str, object]:
+    """What an answer is generated with, as its record keeps it (JSON-safe)."""
+    sampling = settings.sampling
+    return {
+        "method": method,
+        "max_tokens": settings.max_tokens,
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "seed": sampling.seed,
+        "draft_max": settings.draft_max,
+        "draft_min": settings.draft_min,
+        "p_min": settings.p_min,
+        "verification": settings.verification,
+        "structured_output": settings.grammar is not None,
+    }
 
 
 class AnswerController(QObject):
@@ -80,6 +100,7 @@ class AnswerController(QObject):
         views: tuple[ChatPane, CompareView, AcceptanceMeter],
         shown_conversation: Callable[[], int | None],
         loaded_method: Callable[[], str | None],
+        loaded_models: Callable[[], dict[str, object]] = dict,
         parent: QObject | None = None,
     ) -> None:
         super().__init__(parent)
@@ -89,6 +110,7 @@ class AnswerController(QObject):
         self.chat, self.compare_view, self.meter = views
         self._shown_conversation = shown_conversation
         self._loaded_method = loaded_method
+        self._loaded_models = loaded_models
         self.answer: Answer | None = None
         self._save_timer = QTimer(self)
         self._save_timer.setInterval(SAVE_ANSWER_INTERVAL_MS)
@@ -123,6 +145,11 @@ class AnswerController(QObject):
         method = request.method or self._loaded_method()
         message_id = self.store.begin_answer(conversation_id, method)
         self.answer = Answer(request.request_id, message_id, conversation_id, request.compare)
+        # Kept with the answer (and in an exported chat): what it was generated with.
+        self.answer.used = {
+            "models": self._loaded_models(),
+            "settings": settings_used(request.settings, method),
+        }
         self.chat.begin_answer(method)
         self.meter.start(method or "")
         if request.compare:
@@ -263,7 +290,7 @@ class AnswerController(QObject):
             answer.stats,
             state,
             error,
-            extra,
+            {**answer.used, **(extra or {})},
         )
         if answer.conversation_id == self._shown_conversation():
             self.chat.finish_answer(answer.stats, state, error)

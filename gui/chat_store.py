@@ -278,6 +278,61 @@ class ChatStore:
             for cid, title, created, updated, count in rows
         ]
 
+    def search_conversations(self, text: str) -> list[ConversationSummary]:
+        """The conversations whose title or a message holds ``text`` (any case), newest first."""
+        needle = text.strip()
+        if not needle:
+            return self.list_conversations()
+        pattern = "%" + needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self._query(
+            """
+            SELECT c.id, c.title, c.created_at, c.updated_at,
+                   (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id)
+            FROM conversations c
+            WHERE c.title LIKE ?1 ESCAPE '\\'
+               OR EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id
+                          AND m.role != 'system' AND m.content LIKE ?1 ESCAPE '\\')
+            ORDER BY c.updated_at DESC, c.id DESC
+            """,
+            (pattern,),
+        )
+        return [
+            ConversationSummary(int(cid), str(title), float(created), float(updated), int(count))
+            for cid, title, created, updated, count in rows
+        ]
+
+    def import_conversation(self, title: str, messages: Sequence[MessageRecord]) -> int:
+        """A new conversation holding ``messages`` as they are (one transaction); its id."""
+        now = self._clock()
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO conversations (title, created_at, updated_at) VALUES (?, ?, ?)",
+                (title, now, now),
+            )
+            conversation_id = _row_id(cursor)
+            for record in messages:
+                if record.role not in _ROLES or record.state not in _STATES:
+                    raise ValueError(f"a message of role {record.role!r}, state {record.state!r}")
+                db.execute(
+                    "INSERT INTO messages (conversation_id, role, content, spans, stats, method,"
+                    " state, error, extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        conversation_id,
+                        record.role,
+                        record.content,
+                        _to_json(spans_to_json(record.spans))
+                        if record.role == "assistant"
+                        else None,
+                        None if record.stats is None else _to_json(stats_to_wire(record.stats)),
+                        record.method,
+                        record.state,
+                        record.error,
+                        None if not record.extra else _to_json(record.extra),
+                        now,
+                    ),
+                )
+        return conversation_id
+
     def conversation_title(self, conversation_id: int) -> str:
         """The title of a conversation."""
         rows = self._query("SELECT title FROM conversations WHERE id = ?", (conversation_id,))

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QListView,
     QMenu,
     QMessageBox,
@@ -46,6 +47,9 @@ ConversationIdRole: Final = Qt.ItemDataRole.UserRole + 1
 UpdatedRole: Final = Qt.ItemDataRole.UserRole + 2
 
 NEW_CHAT_TOOLTIP = "New chat (Ctrl+N)"
+SEARCH_PLACEHOLDER = "Search chats"
+EXPORT_MARKDOWN_ACTION = "Export as Markdown…"
+EXPORT_JSON_ACTION = "Export as JSON…"
 SELECTED_BACKGROUND = SUBTLE_LINE
 HOVER_BACKGROUND = QColor("#f3f4f6")
 TITLE_TEXT = QColor("#111827")
@@ -83,6 +87,7 @@ class ConversationListModel(QAbstractListModel):
     def __init__(self, store: ChatStore, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._store = store
+        self._search = ""
         self._conversations: list[ConversationSummary] = store.list_conversations()
 
     @property
@@ -91,10 +96,15 @@ class ConversationListModel(QAbstractListModel):
         return self._store
 
     def refresh(self) -> None:
-        """Reload every conversation from the store."""
+        """Reload the conversations from the store (those the search finds, if any)."""
         self.beginResetModel()
-        self._conversations = self._store.list_conversations()
+        self._conversations = self._store.search_conversations(self._search)
         self.endResetModel()
+
+    def set_search(self, text: str) -> None:
+        """Show only the conversations whose title or messages hold ``text`` ("" for all)."""
+        self._search = text
+        self.refresh()
 
     def rowCount(self, parent: _AnyIndex = QModelIndex()) -> int:  # noqa: B008
         """How many conversations there are (a list: no children)."""
@@ -238,11 +248,15 @@ class ConversationList(QWidget):
         conversation_deleted(int): a chat was deleted from the history. If it was the selected
             one, the next chat is then selected (with ``conversation_selected``); when none is
             left nothing is selected.
+        export_requested(int, str): the context menu's Export as Markdown or JSON.
+
+    The search box over the list keeps the chats whose title or messages hold its text.
     """
 
     conversation_selected = Signal(int)
     new_chat_requested = Signal()
     conversation_deleted = Signal(int)
+    export_requested = Signal(int, str)  # the chat, "markdown" or "json"
 
     def __init__(self, store: ChatStore, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -257,6 +271,11 @@ class ConversationList(QWidget):
         heading_font = heading.font()
         heading_font.setWeight(QFont.Weight.DemiBold)
         heading.setFont(heading_font)
+
+        self.search = QLineEdit()
+        self.search.setPlaceholderText(SEARCH_PLACEHOLDER)
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(self.model.set_search)
 
         self.view = QListView()
         self.view.setModel(self.model)
@@ -295,6 +314,7 @@ class ConversationList(QWidget):
         layout.setContentsMargins(8, 8, 8, 8)
         layout.setSpacing(8)
         layout.addLayout(header)
+        layout.addWidget(self.search)
         layout.addWidget(self.view, 1)
         self._update_actions()
 
@@ -389,10 +409,16 @@ class ConversationList(QWidget):
         conversation_id = self.model.conversation_id(index.row())
         menu = QMenu(self)
         rename = menu.addAction("Rename")
+        export_markdown = menu.addAction(EXPORT_MARKDOWN_ACTION)
+        export_json = menu.addAction(EXPORT_JSON_ACTION)
         delete = menu.addAction("Delete…")
         chosen = menu.exec(self.view.viewport().mapToGlobal(position))
         if chosen is rename:
             self.rename_conversation(conversation_id)
+        elif chosen is export_markdown:
+            self.export_requested.emit(conversation_id, "markdown")
+        elif chosen is export_json:
+            self.export_requested.emit(conversation_id, "json")
         elif chosen is delete:
             self.delete_conversation(conversation_id)
 

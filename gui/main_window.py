@@ -11,13 +11,17 @@ or of the app, loses nothing already on screen).
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeyEvent, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
+    QFileDialog,
     QHBoxLayout,
     QMainWindow,
     QMessageBox,
@@ -35,6 +39,7 @@ from backends.paths import user_data_dir
 from backends.service.protocol import LoadRequest
 from gui.about import show_about
 from gui.answer_controller import AnswerController
+from gui.chat_export import ChatFileError, chat_from_json, chat_to_json, chat_to_markdown
 from gui.chat_pane import ChatPane
 from gui.chat_store import ChatStore, HistoryError
 from gui.compare_view import CompareView
@@ -58,6 +63,18 @@ if TYPE_CHECKING:
 WINDOW_STATE_FILE = "window.ini"
 EMPTY_CHAT_HINT = "Load a model pair in the sidebar, then ask something."
 READY_CHAT_HINT = "Ask something below; the draft's accepted tokens show in green."
+# Export kinds: the file suffix and the file dialog's filter.
+EXPORT_KINDS = {
+    "markdown": (".md", "Markdown (*.md)"),
+    "json": (".json", "SpecDeck chat (*.json)"),
+}
+MAX_FILE_STEM = 60
+
+
+def export_file_stem(title: str) -> str:
+    """A file name for a chat's title: letters, digits, dashes ("chat" if none are left)."""
+    stem = re.sub(r"[^\w-]+", "-", title, flags=re.UNICODE).strip("-")[:MAX_FILE_STEM]
+    return stem or "chat"
 
 
 class MessageInput(QPlainTextEdit):
@@ -116,6 +133,7 @@ class MainWindow(QMainWindow):
             (self.chat, self.compare_view, self.meter),
             shown_conversation=lambda: self.conversation_id,
             loaded_method=lambda: self.loaded.method if self.loaded is not None else None,
+            loaded_models=self._loaded_models,
             parent=self,
         )
         self._connect()
@@ -245,6 +263,12 @@ class MainWindow(QMainWindow):
         chat_menu = self.menuBar().addMenu("&Chat")
         chat_menu.addAction(self.conversations.new_chat_action)
         chat_menu.addAction(stop)
+        import_chat = chat_menu.addAction("&Import chat…")
+        import_chat.triggered.connect(lambda: self.import_chat())
+        export_markdown = chat_menu.addAction("Export chat as &Markdown…")
+        export_markdown.triggered.connect(lambda: self._export_shown("markdown"))
+        export_json = chat_menu.addAction("Export chat as &JSON…")
+        export_json.triggered.connect(lambda: self._export_shown("json"))
         copy_code = chat_menu.addAction("Copy last &code block")
         copy_code.setShortcut(QKeySequence("Ctrl+Shift+C"))
         copy_code.triggered.connect(self.copy_last_code_block)
@@ -304,6 +328,7 @@ class MainWindow(QMainWindow):
         self.conversations.conversation_selected.connect(self.open_conversation)
         self.conversations.new_chat_requested.connect(self.new_chat)
         self.conversations.conversation_deleted.connect(self._on_conversation_deleted)
+        self.conversations.export_requested.connect(self.export_conversation)
 
         self.input.submitted.connect(self.send_message)
         self.send_button.clicked.connect(self.send_message)
@@ -406,6 +431,65 @@ class MainWindow(QMainWindow):
         self.chat.set_messages(self.store.messages(conversation_id))
         self.conversations.select(conversation_id)
         self._update_controls()
+
+    def export_conversation(
+        self, conversation_id: int, kind: str, path: Path | None = None
+    ) -> Path | None:
+        """Write a chat as Markdown or JSON to ``path`` (None: asked); where it went."""
+        title = self.store.conversation_title(conversation_id)
+        if path is None:
+            suffix, filter_text = EXPORT_KINDS[kind]
+            suggested = str(Path.home() / f"{export_file_stem(title)}{suffix}")
+            chosen, _ = QFileDialog.getSaveFileName(self, "Export chat", suggested, filter_text)
+            if not chosen:
+                return None
+            path = Path(chosen)
+        messages = self.store.messages(conversation_id)
+        if kind == "markdown":
+            text = chat_to_markdown(title, messages)
+        else:
+            text = json.dumps(chat_to_json(title, messages), ensure_ascii=False, indent=1)
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as error:
+            self.statusBar().showMessage(f"Could not export the chat: {error}", 8000)
+            return None
+        self.statusBar().showMessage(f"Exported “{title}” to {path}", 5000)
+        return path
+
+    def import_chat(self, path: Path | None = None) -> int | None:
+        """Read a chat exported as JSON into a new chat and show it; its id."""
+        if path is None:
+            chosen, _ = QFileDialog.getOpenFileName(
+                self, "Import chat", str(Path.home()), EXPORT_KINDS["json"][1]
+            )
+            if not chosen:
+                return None
+            path = Path(chosen)
+        try:
+            title, messages = chat_from_json(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ChatFileError) as error:
+            self.statusBar().showMessage(f"Could not import {path.name}: {error}", 8000)
+            return None
+        conversation_id = self.store.import_conversation(title, messages)
+        self.conversations.refresh()
+        self.open_conversation(conversation_id)
+        self.statusBar().showMessage(f"Imported “{title}”: {len(messages)} messages", 5000)
+        return conversation_id
+
+    def _loaded_models(self) -> dict[str, object]:
+        """The loaded pair's model names and speculation method ({} when none is loaded)."""
+        pair = self.loaded
+        if pair is None:
+            return {}
+        draft = pair.draft.model_name if pair.draft is not None else None
+        return {"main": pair.main.model_name, "draft": draft, "method": pair.method}
+
+    def _export_shown(self, kind: str) -> None:
+        if self.conversation_id is None:
+            self.statusBar().showMessage("No chat to export", 3000)
+            return
+        self.export_conversation(self.conversation_id, kind)
 
     def _on_conversation_deleted(self, conversation_id: int) -> None:
         self.answers.drop_if_in(conversation_id)

@@ -20,7 +20,7 @@ from gui.chat_store import (
     HistoryError,
     auto_title,
 )
-from gui.transcript import TokenSpan, spans_from_json, spans_to_json
+from gui.transcript import MessageRecord, TokenSpan, spans_from_json, spans_to_json
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -465,3 +465,55 @@ def test_spans_stored_before_grammars_read_as_they_were() -> None:
         TokenSpan(2, TokenOrigin.GRAMMAR),
     )
     assert spans_to_json(SPANS) == [[5, 0], [1, 1], [6, 1], [2, 2]]
+
+
+def test_search_finds_chats_by_title_or_message_text(store: ChatStore, clock: FakeClock) -> None:
+    soup = store.create_conversation("Soup recipes")
+    store.add_message(soup, "user", "Leek and potato?")
+    clock.advance()
+    code = store.create_conversation("Code")
+    store.add_message(code, "user", "Sort a list in Python")
+    answer = store.begin_answer(code, "auto")
+    store.finish_answer(
+        answer, "Use sorted(xs) or 100% in-place xs.sort()", SPANS, None, "complete"
+    )
+    clock.advance()
+    store.create_conversation("Empty")
+
+    def found(text: str) -> list[str]:
+        return [summary.title for summary in store.search_conversations(text)]
+
+    assert found("soup") == ["Soup recipes"]  # the title, any case
+    assert found("POTATO") == ["Soup recipes"]  # a user message
+    assert found("sorted(") == ["Code"]  # an answer
+    assert found("100%") == ["Code"]  # % and _ are text, not wildcards
+    assert found("1_0") == []
+    assert found("") == ["Empty", "Code", "Soup recipes"]  # nothing typed: every chat
+    assert found("nowhere") == []
+
+
+def test_an_imported_chat_is_a_new_chat_with_everything_kept(store: ChatStore) -> None:
+    stats = SpeculationStats(generated_tokens=4, accepted_draft_tokens_count=2)
+    records = [
+        MessageRecord(role="system", content="Be brief."),
+        MessageRecord(role="user", content="Hi"),
+        MessageRecord(
+            role="assistant",
+            content="Hello, there",
+            spans=SPANS,
+            stats=stats,
+            method="auto",
+            state="cancelled",
+            extra={"models": {"main": "m"}},
+        ),
+    ]
+    conversation = store.import_conversation("Imported", records)
+    assert store.conversation_title(conversation) == "Imported"
+    read = store.messages(conversation)
+    assert [(r.role, r.content, r.state) for r in read] == [
+        (r.role, r.content, r.state) for r in records
+    ]
+    assert read[2].spans == SPANS
+    assert read[2].stats == stats
+    assert read[2].extra == {"models": {"main": "m"}}
+    assert read[2].method == "auto"

@@ -227,6 +227,15 @@ def test_comparison_answers_twice_and_reports_speedup(
     assert isinstance(comparison, dict)
     assert comparison["identical"] is True
     assert comparison["speedup"] > 0
+    # What it was generated with stays with it (and goes into an exported chat).
+    assert answer.extra["models"] == {
+        "main": window.loaded.main.model_name if window.loaded else None,
+        "draft": window.loaded.draft.model_name if window.loaded and window.loaded.draft else None,
+        "method": "draft-model",
+    }
+    used = answer.extra["settings"]
+    assert isinstance(used, dict)
+    assert (used["max_tokens"], used["temperature"], used["structured_output"]) == (40, 0.0, False)
     window.shutdown()
 
 
