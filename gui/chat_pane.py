@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QPoint, Qt, QTimer
+from PySide6.QtCore import QPoint, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
     QGuiApplication,
     QTextBlockFormat,
@@ -45,6 +45,11 @@ USER_LABEL = "You"
 ASSISTANT_LABEL = "Assistant"
 LABEL_SEPARATOR = " · "
 COPY_ANSWER_ACTION = "Copy answer"
+EDIT_MESSAGE_ACTION = "Edit and send again"
+# A message with alternatives shows "‹ 2/3 ›" after its label; the arrows are links.
+BRANCH_SCHEME = "specdeck-branch"
+BRANCH_PREVIOUS = "‹"
+BRANCH_NEXT = "›"
 AUTO_SCROLL_SLACK_PX = 24  # this close to the bottom still counts as "at the bottom"
 
 
@@ -88,8 +93,14 @@ class ChatPane(QWidget):
     document edit. The readback methods (:meth:`answer_text`, :meth:`answer_origins`,
     :meth:`highlighted_text`, :meth:`footer_text`) read the rendered document.
 
-    Signals: none.
+    Signals:
+        branch_requested(int, int): a message's ‹ or › was clicked: the message's id and
+            the step (-1 or +1) to the alternative wanted.
+        edit_requested(int, str): "Edit and send again" on a user message: its id and text.
     """
+
+    branch_requested = Signal(int, int)
+    edit_requested = Signal(int, str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -98,6 +109,7 @@ class ChatPane(QWidget):
         self._browser.setOpenLinks(False)
         self._browser.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self._browser.customContextMenuRequested.connect(self._show_context_menu)
+        self._browser.anchorClicked.connect(self._on_anchor)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self._browser)
@@ -112,6 +124,8 @@ class ChatPane(QWidget):
         self._styles = ChatStyles(self._document.defaultFont(), self._visualize_drafts)
         self._items: list[MessageRecord | _Notice] = []
         self._answers: list[_AnswerPlacement] = []
+        # Where each user message's bubble lies (document positions), for its context menu.
+        self._user_messages: list[tuple[int, int, MessageRecord]] = []
         self._live: _LiveAnswer | None = None
         self._pending: list[EmittedToken] = []
         self._deferred_notices: list[str] = []
@@ -150,10 +164,10 @@ class ChatPane(QWidget):
         self._render_all(live_record)
         self._scroll_to_bottom()
 
-    def append_user_message(self, text: str) -> None:
-        """Add the user's message at the end."""
+    def append_user_message(self, text: str, message_id: int | None = None) -> None:
+        """Add the user's message at the end (``message_id``: its id in the history)."""
         self._close_live_answer_early()
-        record = MessageRecord(role="user", content=text)
+        record = MessageRecord(role="user", content=text, message_id=message_id)
         self._items.append(record)
         self._render_user(record)
         self._scroll_to_bottom()
@@ -334,6 +348,12 @@ class ChatPane(QWidget):
             menu.addSeparator()
             action = menu.addAction(COPY_ANSWER_ACTION)
             action.triggered.connect(lambda: self.copy_answer(index))
+        user = self.user_message_at(point)
+        if user is not None and user.message_id is not None:
+            menu.addSeparator()
+            edit = menu.addAction(EDIT_MESSAGE_ACTION)
+            message_id, text = user.message_id, user.content
+            edit.triggered.connect(lambda: self.edit_requested.emit(message_id, text))
         return menu
 
     # --- Qt -----------------------------------------------------------------------------
@@ -393,6 +413,7 @@ class ChatPane(QWidget):
         self._cursor = QTextCursor(self._document)
         self._fresh_block = True
         self._answers.clear()
+        self._user_messages.clear()
         self._styles = ChatStyles(self._document.defaultFont(), self._visualize_drafts)
         self._cursor.beginEditBlock()
         for item in self._items:
@@ -420,13 +441,64 @@ class ChatPane(QWidget):
         if self._fresh_block:
             # A frame never starts a document: the empty block before it must take no room.
             self._cursor.setBlockFormat(self._styles.collapsed_block)
+        start = self._cursor.position()
         self._cursor.insertFrame(self._styles.bubble)
         self._cursor.setBlockFormat(self._styles.bubble_label_block)
         self._cursor.insertText(USER_LABEL, self._styles.label)
+        self._insert_branch_switcher(record)
         self._cursor.insertBlock(self._styles.prose_block, self._styles.body)
         self._cursor.insertText(record.content, self._styles.body)
         self._cursor.movePosition(QTextCursor.MoveOperation.End)
+        self._user_messages.append((start, self._cursor.position(), record))
         self._fresh_block = True
+
+    def _insert_branch_switcher(self, record: MessageRecord) -> None:
+        """``  ‹ 2/3 ›`` after a label, for a message with alternatives (arrows are links)."""
+        place, count = record.branch
+        if count < 2 or record.message_id is None:
+            return
+        muted = self._styles.label_method
+        self._cursor.insertText("   ", muted)
+        for arrow, step, enabled in (
+            (BRANCH_PREVIOUS, -1, place > 1),
+            (BRANCH_NEXT, +1, place < count),
+        ):
+            if arrow == BRANCH_NEXT:
+                self._cursor.insertText(f" {place}/{count} ", muted)
+            link = QTextCharFormat(muted)
+            if enabled:
+                link.setAnchor(True)
+                link.setAnchorHref(f"{BRANCH_SCHEME}:{record.message_id}/{step}")
+                link.setForeground(self._styles.label.foreground())
+                link.setToolTip("Previous alternative" if step < 0 else "Next alternative")
+            self._cursor.insertText(arrow, link)
+
+    def branch_switcher_text(self, index: int) -> str:
+        """What follows the label of message ``index`` (user and assistant messages alike)."""
+        records = [item for item in self._items if isinstance(item, MessageRecord)]
+        place, count = records[index].branch
+        return f"{BRANCH_PREVIOUS} {place}/{count} {BRANCH_NEXT}" if count > 1 else ""
+
+    def branch_link(self, message_id: int, step: int) -> QUrl:
+        """The link of a message's ‹ (step -1) or › (+1), as the chat shows it."""
+        return QUrl(f"{BRANCH_SCHEME}:{message_id}/{step}")
+
+    def _on_anchor(self, url: QUrl) -> None:
+        if url.scheme() != BRANCH_SCHEME:
+            return
+        message_id, _, step = url.path().partition("/")
+        try:
+            self.branch_requested.emit(int(message_id), int(step))
+        except ValueError:
+            log.warning("a branch link that names no message: %s", url.toString())
+
+    def user_message_at(self, point: QPoint) -> MessageRecord | None:
+        """The user message under ``point`` (viewport coordinates), if any."""
+        position = self._browser.cursorForPosition(point).position()
+        for start, end, record in self._user_messages:
+            if start <= position <= end:
+                return record
+        return None
 
     def _render_notice(self, notice: _Notice) -> None:
         self._open_block(self._styles.notice_block, self._styles.notice)
@@ -438,6 +510,7 @@ class ChatPane(QWidget):
         self._cursor.insertText(ASSISTANT_LABEL, self._styles.label)
         if record.method:
             self._cursor.insertText(LABEL_SEPARATOR + record.method, self._styles.label_method)
+        self._insert_branch_switcher(record)
         self._open_block(self._styles.prose_block, self._styles.body)
         placement = _AnswerPlacement(region_start, self._cursor.position())
         self._answers.append(placement)

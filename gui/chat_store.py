@@ -30,7 +30,7 @@ HISTORY_FILE_NAME = "chats.sqlite3"
 DEFAULT_TITLE = "New chat"
 AUTO_TITLE_MAX_CHARS = 40
 ELLIPSIS = "…"
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 # SQLite keeps a committed write-ahead log next to the database; it belongs to the file.
 _SIDE_FILE_SUFFIXES = ("-wal", "-shm")
 _STATES: frozenset[str] = frozenset(get_args(MessageState))
@@ -90,8 +90,37 @@ def _create_version_1(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX conversations_by_update ON conversations (updated_at)")
 
 
+def _add_branches_version_2(db: sqlite3.Connection) -> None:
+    """Messages form a tree (edits and regenerated answers are alternatives: siblings).
+
+    Each message's parent is the one before it in its chat (what version 1 stored is one
+    branch); a chat shows the branch that ends at its ``leaf_id``.
+    """
+    db.execute(
+        "ALTER TABLE messages ADD COLUMN parent_id INTEGER"
+        " REFERENCES messages(id) ON DELETE CASCADE"
+    )
+    db.execute("ALTER TABLE conversations ADD COLUMN leaf_id INTEGER")
+    db.execute(
+        """
+        UPDATE messages SET parent_id = (
+            SELECT max(p.id) FROM messages p
+            WHERE p.conversation_id = messages.conversation_id AND p.id < messages.id
+        )
+        """
+    )
+    db.execute(
+        "UPDATE conversations SET leaf_id ="
+        " (SELECT max(m.id) FROM messages m WHERE m.conversation_id = conversations.id)"
+    )
+    db.execute("CREATE INDEX messages_by_parent ON messages (parent_id)")
+
+
 # _MIGRATIONS[n] brings a database from user_version n to n + 1; version 0 is an empty file.
-_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_version_1,)
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
+    _create_version_1,
+    _add_branches_version_2,
+)
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -310,12 +339,14 @@ class ChatStore:
                 (title, now, now),
             )
             conversation_id = _row_id(cursor)
+            parent: int | None = None
             for record in messages:
                 if record.role not in _ROLES or record.state not in _STATES:
                     raise ValueError(f"a message of role {record.role!r}, state {record.state!r}")
-                db.execute(
+                inserted = db.execute(
                     "INSERT INTO messages (conversation_id, role, content, spans, stats, method,"
-                    " state, error, extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " state, error, extra, created_at, parent_id)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         conversation_id,
                         record.role,
@@ -329,8 +360,13 @@ class ChatStore:
                         record.error,
                         None if not record.extra else _to_json(record.extra),
                         now,
+                        parent,
                     ),
                 )
+                parent = _row_id(inserted)
+            db.execute(
+                "UPDATE conversations SET leaf_id = ? WHERE id = ?", (parent, conversation_id)
+            )
         return conversation_id
 
     def conversation_title(self, conversation_id: int) -> str:
@@ -362,13 +398,16 @@ class ChatStore:
                 if earlier_user_message is None:
                     retitle = auto_title(content)
             cursor = db.execute(
-                "INSERT INTO messages (conversation_id, role, content, state, created_at)"
-                " VALUES (?, ?, ?, 'complete', ?)",
-                (conversation_id, role, content, now),
+                "INSERT INTO messages"
+                " (conversation_id, role, content, state, created_at, parent_id)"
+                " VALUES (?, ?, ?, 'complete', ?,"
+                " (SELECT leaf_id FROM conversations WHERE id = ?))",
+                (conversation_id, role, content, now, conversation_id),
             )
             db.execute(
-                "UPDATE conversations SET updated_at = ?, title = COALESCE(?, title) WHERE id = ?",
-                (now, retitle, conversation_id),
+                "UPDATE conversations SET updated_at = ?, title = COALESCE(?, title),"
+                " leaf_id = ? WHERE id = ?",
+                (now, retitle, _row_id(cursor), conversation_id),
             )
         return _row_id(cursor)
 
@@ -378,12 +417,14 @@ class ChatStore:
         with self._transaction() as db:
             cursor = db.execute(
                 "INSERT INTO messages"
-                " (conversation_id, role, content, spans, method, state, created_at)"
-                " VALUES (?, 'assistant', '', '[]', ?, 'streaming', ?)",
-                (conversation_id, method, now),
+                " (conversation_id, role, content, spans, method, state, created_at, parent_id)"
+                " VALUES (?, 'assistant', '', '[]', ?, 'streaming', ?,"
+                " (SELECT leaf_id FROM conversations WHERE id = ?))",
+                (conversation_id, method, now, conversation_id),
             )
             db.execute(
-                "UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id)
+                "UPDATE conversations SET updated_at = ?, leaf_id = ? WHERE id = ?",
+                (now, _row_id(cursor), conversation_id),
             )
         return _row_id(cursor)
 
@@ -431,13 +472,77 @@ class ChatStore:
             )
 
     def messages(self, conversation_id: int) -> list[MessageRecord]:
-        """The messages of a conversation, in order."""
+        """The messages of the conversation's branch shown, in order.
+
+        Each record says which of its alternatives it is (``branch``: its place among the
+        messages that follow the same one, and how many there are).
+        """
         rows = self._query(
-            "SELECT id, role, content, spans, stats, method, state, error, extra"
-            " FROM messages WHERE conversation_id = ? ORDER BY id",
+            """
+            WITH RECURSIVE branch(id) AS (
+                SELECT leaf_id FROM conversations WHERE id = ?1
+                UNION ALL
+                SELECT m.parent_id FROM messages m JOIN branch ON m.id = branch.id
+                WHERE m.parent_id IS NOT NULL
+            )
+            SELECT m.id, m.role, m.content, m.spans, m.stats, m.method, m.state, m.error,
+                   m.extra,
+                   (SELECT COUNT(*) FROM messages s WHERE s.conversation_id = ?1
+                    AND s.parent_id IS m.parent_id AND s.id <= m.id),
+                   (SELECT COUNT(*) FROM messages s WHERE s.conversation_id = ?1
+                    AND s.parent_id IS m.parent_id)
+            FROM messages m WHERE m.id IN branch ORDER BY m.id
+            """,
             (conversation_id,),
         )
         return [self._record(*row) for row in rows]
+
+    def branch_before(self, message_id: int) -> None:
+        """Show the branch up to the message before ``message_id``.
+
+        The next message added is then an alternative to it (an edited question, a
+        regenerated answer).
+        """
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE conversations SET leaf_id = (SELECT parent_id FROM messages WHERE id = ?1)"
+                " WHERE id = (SELECT conversation_id FROM messages WHERE id = ?1)",
+                (message_id,),
+            )
+            _require_row(cursor, "message", message_id)
+
+    def switch_branch(self, message_id: int, step: int) -> int:
+        """Show the alternative ``step`` places from ``message_id`` and its latest continuation.
+
+        ``step`` -1 is the alternative before it. Returns the alternative's id (the same
+        one at either end).
+        """
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT conversation_id, parent_id FROM messages WHERE id = ?", (message_id,)
+            ).fetchone()
+            if row is None:
+                raise KeyError(f"no message {message_id}")
+            conversation_id, parent_id = row
+            siblings = [
+                int(sibling)
+                for (sibling,) in db.execute(
+                    "SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ?"
+                    " ORDER BY id",
+                    (conversation_id, parent_id),
+                )
+            ]
+            place = min(max(siblings.index(message_id) + step, 0), len(siblings) - 1)
+            chosen = leaf = siblings[place]
+            while True:  # down the newest children to the end of that branch
+                child = db.execute(
+                    "SELECT max(id) FROM messages WHERE parent_id = ?", (leaf,)
+                ).fetchone()[0]
+                if child is None:
+                    break
+                leaf = int(child)
+            db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (leaf, conversation_id))
+        return chosen
 
     def recent_user_messages(self, limit: int) -> list[str]:
         """The user's last ``limit`` messages over every chat, newest first, one per text."""
@@ -449,13 +554,17 @@ class ChatStore:
         return [str(row[0]) for row in rows]
 
     def delete_messages_from(self, message_id: int) -> None:
-        """Delete a message and every later one of its conversation (to regenerate an answer)."""
+        """Delete a message and everything that follows it.
+
+        Its chat then shows the branch up to the message before it.
+        """
         with self._transaction() as db:
             db.execute(
-                "DELETE FROM messages WHERE id >= ? AND conversation_id ="
-                " (SELECT conversation_id FROM messages WHERE id = ?)",
-                (message_id, message_id),
+                "UPDATE conversations SET leaf_id = (SELECT parent_id FROM messages WHERE id = ?1)"
+                " WHERE id = (SELECT conversation_id FROM messages WHERE id = ?1)",
+                (message_id,),
             )
+            db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
 
     def _record(
         self,
@@ -468,6 +577,8 @@ class ChatStore:
         state: str,
         error: str | None,
         extra: str | None,
+        branch_place: int = 1,
+        branch_count: int = 1,
     ) -> MessageRecord:
         if role not in _ROLES or state not in _STATES:
             raise HistoryError(
@@ -485,6 +596,7 @@ class ChatStore:
                 error=error,
                 message_id=int(message_id),
                 extra=dict(json.loads(extra)) if extra else {},
+                branch=(int(branch_place), int(branch_count)),
             )
         except (ValueError, TypeError) as exc:
             raise HistoryError(

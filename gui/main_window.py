@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeyEvent, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QKeyEvent, QKeySequence, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
     QFileDialog,
@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 WINDOW_STATE_FILE = "window.ini"
 EMPTY_CHAT_HINT = "Load a model pair in the sidebar, then ask something."
 READY_CHAT_HINT = "Ask something below; the draft's accepted tokens show in green."
+EDITING_MESSAGE = "Editing a sent message: Enter answers it as an alternative, Esc cancels"
 # Export kinds: the file suffix and the file dialog's filter.
 EXPORT_KINDS = {
     "markdown": (".md", "Markdown (*.md)"),
@@ -82,15 +83,20 @@ class MessageInput(QPlainTextEdit):
 
     Signals:
         submitted(): Enter was pressed.
+        edit_last_requested(): Up was pressed in the empty box.
     """
 
     submitted = Signal()
+    edit_last_requested = Signal()
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt's name
-        """Enter submits unless Shift is held."""
+        """Enter submits unless Shift is held; Up in the empty box edits the last message."""
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
         if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
             self.submitted.emit()
+            return
+        if event.key() == Qt.Key.Key_Up and not self.toPlainText():
+            self.edit_last_requested.emit()
             return
         super().keyPressEvent(event)
 
@@ -123,6 +129,7 @@ class MainWindow(QMainWindow):
         self.client = EngineClient(self)
         self.offer_first_run = offer_first_run
         self.conversation_id: int | None = None
+        self.editing_message_id: int | None = None  # a sent message being edited in the box
 
         self._build()
         self.loads = LoadController(self.client, self.settings, self.sidebar, self.status, self)
@@ -331,6 +338,9 @@ class MainWindow(QMainWindow):
         self.conversations.export_requested.connect(self.export_conversation)
 
         self.input.submitted.connect(self.send_message)
+        self.input.edit_last_requested.connect(self.edit_last_message)
+        self.chat.branch_requested.connect(self.switch_branch)
+        self.chat.edit_requested.connect(self.edit_message)
         self.send_button.clicked.connect(self.send_message)
         self.stop_button.clicked.connect(self.stop_generation)
         self.regenerate_button.clicked.connect(self.regenerate)
@@ -427,6 +437,8 @@ class MainWindow(QMainWindow):
             self.conversations.select(self.conversation_id or conversation_id)
             self.statusBar().showMessage("Wait for the answer to finish, or stop it (Esc)", 4000)
             return
+        if conversation_id != self.conversation_id:
+            self.editing_message_id = None  # an edit belongs to the chat it began in
         self.conversation_id = conversation_id
         self.chat.set_messages(self.store.messages(conversation_id))
         self.conversations.select(conversation_id)
@@ -515,23 +527,61 @@ class MainWindow(QMainWindow):
         if self.conversation_id is None:
             self.new_chat()
         assert self.conversation_id is not None
-        self.store.add_message(self.conversation_id, "user", text)
+        editing, self.editing_message_id = self.editing_message_id, None
+        if editing is not None:
+            # An edited message is an alternative to the one it replaces: both are kept.
+            self.store.branch_before(editing)
+        message_id = self.store.add_message(self.conversation_id, "user", text)
         self.conversations.refresh()
         self.conversations.select(self.conversation_id)
         self.input.clear()
-        self.chat.append_user_message(text)
+        if editing is not None:
+            self.chat.set_messages(self.store.messages(self.conversation_id))
+        else:
+            self.chat.append_user_message(text, message_id)
         self._start_answer()
 
     def regenerate(self) -> None:
-        """Drop the last answer and answer the last user message again."""
+        """Answer the last user message again; the last answer stays, as an alternative."""
         if self.answers.busy or self.conversation_id is None or self.loaded is None:
             return
         records = self.store.messages(self.conversation_id)
         if not records or records[-1].role != "assistant" or records[-1].message_id is None:
             return
-        self.store.delete_messages_from(records[-1].message_id)
+        self.store.branch_before(records[-1].message_id)
         self.chat.set_messages(self.store.messages(self.conversation_id))
         self._start_answer()
+
+    def switch_branch(self, message_id: int, step: int) -> None:
+        """Show another alternative of a message (‹ or ›); the rest of the chat follows it."""
+        if self.conversation_id is None:
+            return
+        if self.answers.busy:
+            self.statusBar().showMessage("Wait for the answer to finish, or stop it (Esc)", 4000)
+            return
+        self.store.switch_branch(message_id, step)
+        self.chat.set_messages(self.store.messages(self.conversation_id))
+        self._update_controls()
+
+    def edit_message(self, message_id: int, text: str) -> None:
+        """Put a sent message in the box; sending it answers it as an alternative."""
+        if self.answers.busy:
+            self.statusBar().showMessage("Wait for the answer to finish, or stop it (Esc)", 4000)
+            return
+        self.editing_message_id = message_id
+        self.input.setPlainText(text)
+        self.input.moveCursor(QTextCursor.MoveOperation.End)
+        self.input.setFocus()
+        self.statusBar().showMessage(EDITING_MESSAGE, 8000)
+
+    def edit_last_message(self) -> None:
+        """Up in the empty box: edit the last message the user sent in this chat."""
+        if self.conversation_id is None:
+            return
+        for record in reversed(self.store.messages(self.conversation_id)):
+            if record.role == "user" and record.message_id is not None:
+                self.edit_message(record.message_id, record.content)
+                return
 
     def _start_answer(self) -> None:
         assert self.conversation_id is not None
@@ -542,10 +592,19 @@ class MainWindow(QMainWindow):
             self.sidebar.show_error(str(error))
 
     def stop_generation(self) -> None:
-        """Stop the running answer (Esc); what was generated stays."""
+        """Stop the running answer (Esc); what was generated stays. Or stop editing."""
+        if not self.answers.busy and self.editing_message_id is not None:
+            self.editing_message_id = None
+            self.input.clear()
+            self.statusBar().clearMessage()
+            return
         self.answers.stop()
 
     def _on_answer_finished(self, state: str) -> None:
+        if self.conversation_id is not None:
+            records = self.store.messages(self.conversation_id)
+            if records and records[-1].branch[1] > 1:  # a regenerated answer: show ‹ n/n ›
+                self.chat.set_messages(records)
         self.conversations.refresh()
         self._update_controls()
         self.answer_finished.emit(state)

@@ -39,6 +39,9 @@ class MessageRecord:
     error: str | None = None
     message_id: int | None = None
     extra: dict[str, object] = field(default_factory=dict)  # e.g. the comparison's figures
+    # Which of its alternatives it is (an edited question, a regenerated answer): its place
+    # among them from 1, and how many there are.
+    branch: tuple[int, int] = (1, 1)
 
 
 def spans_from_tokens(tokens: Iterable[EmittedToken]) -> tuple[TokenSpan, ...]:

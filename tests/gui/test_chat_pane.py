@@ -671,3 +671,34 @@ def test_the_last_code_block_is_copied_by_its_own_command(pane: ChatPane) -> Non
     pane.finish_answer(make_stats())
     assert pane.copy_last_code_block() == "print(1)\nprint(2)"
     assert QGuiApplication.clipboard().text() == "print(1)\nprint(2)"
+
+
+def test_alternatives_show_a_switcher_and_user_messages_can_be_edited(
+    pane: ChatPane, qtbot: QtBot
+) -> None:
+    records = [
+        MessageRecord(role="user", content="Name a colour", message_id=1, branch=(2, 2)),
+        MessageRecord(role="assistant", content="Red", message_id=2, branch=(1, 3), method="auto"),
+    ]
+    pane.set_messages(records)
+    assert pane.branch_switcher_text(0) == "‹ 2/2 ›"
+    assert pane.branch_switcher_text(1) == "‹ 1/3 ›"
+    assert "Assistant · auto   ‹ 1/3 ›" in pane.document.toPlainText()
+    # The arrows are links (the first alternative has no ‹); a click asks for the step.
+    cursor = pane.document.find("›", pane.document.find("1/3").position())
+    assert cursor.charFormat().anchorHref() == pane.branch_link(2, +1).toString()
+    cursor = pane.document.find("‹", pane.document.find("Assistant").position())
+    assert not cursor.charFormat().isAnchor()
+    with qtbot.waitSignal(pane.branch_requested) as asked:
+        pane.browser.anchorClicked.emit(pane.branch_link(2, +1))
+    assert asked.args == [2, 1]
+    # A right click on a user message offers to edit it.
+    menu = pane.context_menu(point_inside(pane, "Name a colour"))
+    actions = {action.text(): action for action in menu.actions()}
+    with qtbot.waitSignal(pane.edit_requested) as edit:
+        actions["Edit and send again"].trigger()
+    assert edit.args == [1, "Name a colour"]
+    menu.deleteLater()
+    assert "Edit and send again" not in [
+        a.text() for a in pane.context_menu(point_inside(pane, "Red")).actions()
+    ]

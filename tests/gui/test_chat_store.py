@@ -517,3 +517,104 @@ def test_an_imported_chat_is_a_new_chat_with_everything_kept(store: ChatStore) -
     assert read[2].stats == stats
     assert read[2].extra == {"models": {"main": "m"}}
     assert read[2].method == "auto"
+
+
+# -- branches --------------------------------------------------------------------------------
+
+
+def test_a_regenerated_answer_and_an_edited_question_are_alternatives(store: ChatStore) -> None:
+    cid = store.create_conversation()
+    question = store.add_message(cid, "user", "Name a colour")
+    first = store.begin_answer(cid, "auto")
+    store.finish_answer(first, "Red", SPANS[:1], SpeculationStats(generated_tokens=1), "complete")
+    store.add_message(cid, "user", "Another?")
+    follow_up = store.begin_answer(cid, "auto")
+    store.finish_answer(follow_up, "Blue", (), None, "complete")
+
+    # Regenerate the first answer: the first stays, as alternative 1 of 2.
+    store.branch_before(first)
+    second = store.begin_answer(cid, "off")
+    store.finish_answer(second, "Green", (), None, "complete")
+    shown = store.messages(cid)
+    assert [(m.content, m.branch) for m in shown] == [("Name a colour", (1, 1)), ("Green", (2, 2))]
+
+    # Back to the first answer: the rest of the chat follows it, stats and all.
+    assert store.switch_branch(second, -1) == first
+    shown = store.messages(cid)
+    assert [m.content for m in shown] == ["Name a colour", "Red", "Another?", "Blue"]
+    assert shown[1].branch == (1, 2)
+    assert shown[1].stats == SpeculationStats(generated_tokens=1)
+    assert shown[1].spans == SPANS[:1]
+    assert store.switch_branch(first, -1) == first  # no alternative before the first
+
+    # Edit the question: a new branch from the start; the old question is alternative 1.
+    store.branch_before(question)
+    edited = store.add_message(cid, "user", "Name a fruit")
+    store.finish_answer(store.begin_answer(cid, "auto"), "Pear", (), None, "complete")
+    assert [(m.content, m.branch) for m in store.messages(cid)] == [
+        ("Name a fruit", (2, 2)),
+        ("Pear", (1, 1)),
+    ]
+    assert store.switch_branch(edited, -1) == question
+    # The old question's newest continuation: the regenerated answer.
+    assert [m.content for m in store.messages(cid)] == ["Name a colour", "Green"]
+    assert store.switch_branch(question, +1) == edited
+    assert [m.content for m in store.messages(cid)][-1] == "Pear"
+
+
+def test_a_history_written_by_the_last_release_opens_with_everything_intact(
+    db_path: Path,
+) -> None:
+    """A schema-1 file (as SpecDeck wrote it until branches came) is migrated in place."""
+    db_path.parent.mkdir(parents=True)
+    raw = sqlite3.connect(db_path)
+    raw.executescript(
+        """
+        CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
+            created_at REAL NOT NULL, updated_at REAL NOT NULL);
+        CREATE TABLE messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            role TEXT NOT NULL, content TEXT NOT NULL, spans TEXT, stats TEXT, method TEXT,
+            state TEXT NOT NULL, error TEXT, extra TEXT, created_at REAL NOT NULL);
+        CREATE INDEX messages_by_conversation ON messages (conversation_id, id);
+        CREATE INDEX conversations_by_update ON conversations (updated_at);
+        INSERT INTO conversations VALUES (1, 'First', 10, 20), (2, 'Second', 30, 40);
+        INSERT INTO messages VALUES
+            (1, 1, 'system', 'Be brief.', NULL, NULL, NULL, 'complete', NULL, NULL, 11),
+            (2, 1, 'user', 'Hi', NULL, NULL, NULL, 'complete', NULL, NULL, 12),
+            (3, 2, 'user', 'Other chat', NULL, NULL, NULL, 'complete', NULL, NULL, 31),
+            (4, 1, 'assistant', 'Hello!', '[[5, 0], [1, 1]]',
+             '{"generated_tokens": 2, "accepted_draft_tokens_count": 1}', 'auto', 'complete',
+             NULL, '{"compare": {"speedup": 1.5}}', 13),
+            (5, 1, 'user', 'Bye', NULL, NULL, NULL, 'complete', NULL, NULL, 14),
+            (6, 1, 'assistant', 'Cut', '[[3, 2]]', NULL, 'auto', 'cancelled', NULL, NULL, 15);
+        PRAGMA user_version = 1;
+        """
+    )
+    raw.commit()
+    raw.close()
+
+    with ChatStore(db_path) as store:
+        assert [c.title for c in store.list_conversations()] == ["Second", "First"]
+        first = store.messages(1)
+        assert [(m.message_id, m.role, m.content, m.state) for m in first] == [
+            (1, "system", "Be brief.", "complete"),
+            (2, "user", "Hi", "complete"),
+            (4, "assistant", "Hello!", "complete"),
+            (5, "user", "Bye", "complete"),
+            (6, "assistant", "Cut", "cancelled"),
+        ]
+        assert first[2].spans == (TokenSpan(5, TokenOrigin.TARGET), TokenSpan(1, TokenOrigin.DRAFT))
+        assert first[2].stats == SpeculationStats(generated_tokens=2, accepted_draft_tokens_count=1)
+        assert first[2].extra == {"compare": {"speedup": 1.5}}
+        assert first[4].spans == (TokenSpan(3, TokenOrigin.GRAMMAR),)
+        assert all(m.branch == (1, 1) for m in first)
+        assert [m.content for m in store.messages(2)] == ["Other chat"]
+        # The chats go on where they stopped.
+        store.add_message(2, "user", "More")
+        assert [m.content for m in store.messages(2)] == ["Other chat", "More"]
+    raw = sqlite3.connect(db_path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    raw.close()

@@ -373,19 +373,50 @@ def test_enter_sends_and_shift_enter_starts_a_new_line(qtbot: QtBot, window: Mai
     assert window.store.messages(window.conversation_id)[0].content == "first line\nsecond line"
 
 
-def test_regenerate_replaces_the_last_answer_and_copy_copies_it(
+def test_regenerate_and_edit_keep_the_earlier_versions_as_alternatives(
     qtbot: QtBot, window: MainWindow
 ) -> None:
     assert _ask(qtbot, window, QUESTION) == "complete"
     first = window.chat.answer_source()
+    first_footer = window.chat.footer_text()
+    window.settings.set("max_tokens", 12)  # so that the two answers differ
     with engine_wait(qtbot, window.client, window.answer_finished, ANSWER_TIMEOUT_MS):
         QTest.mouseClick(window.regenerate_button, Qt.MouseButton.LeftButton)
     assert window.chat.answer_count() == 1
-    assert window.chat.answer_source() == first  # temperature 0
+    second = window.chat.answer_source()
+    assert first.startswith(second)  # temperature 0: the same start, cut at 12 tokens
+    assert second != first
+    assert window.chat.branch_switcher_text(1) == "‹ 2/2 ›"
     assert window.conversation_id is not None
     assert [r.role for r in window.store.messages(window.conversation_id)] == ["user", "assistant"]
     QTest.mouseClick(window.copy_button, Qt.MouseButton.LeftButton)
-    assert QGuiApplication.clipboard().text() == first  # the answer's Markdown
+    assert QGuiApplication.clipboard().text() == second  # the answer's Markdown
+
+    # ‹ shows the first answer again, with its own figures.
+    answer_id = window.store.messages(window.conversation_id)[-1].message_id
+    assert answer_id is not None
+    window.chat.browser.anchorClicked.emit(window.chat.branch_link(answer_id, -1))
+    assert window.chat.answer_source() == first
+    assert window.chat.footer_text() == first_footer
+    assert window.chat.branch_switcher_text(1) == "‹ 1/2 ›"
+
+    # Up in the empty box edits the last question; sending it answers it as an alternative.
+    window.input.setFocus()
+    QTest.keyClick(window.input, Qt.Key.Key_Up)
+    assert window.input.toPlainText() == QUESTION
+    assert window.editing_message_id is not None
+    window.input.setPlainText("Say hello.")
+    with engine_wait(qtbot, window.client, window.answer_finished, ANSWER_TIMEOUT_MS):
+        QTest.keyClick(window.input, Qt.Key.Key_Return)
+    shown = window.store.messages(window.conversation_id)
+    assert [(r.role, r.branch) for r in shown] == [("user", (2, 2)), ("assistant", (1, 1))]
+    assert shown[0].content == "Say hello."
+    assert window.chat.branch_switcher_text(0) == "‹ 2/2 ›"
+    # Back to the first question: it comes back with its newest answer.
+    assert shown[0].message_id is not None
+    window.switch_branch(shown[0].message_id, -1)
+    assert window.chat.answer_source() == second
+    assert [r.content for r in window.store.messages(window.conversation_id)][0] == QUESTION
 
 
 def test_a_prompt_beyond_the_context_is_an_error_in_the_chat(
