@@ -492,6 +492,12 @@ class ChatPane(QWidget):
         except ValueError:
             log.warning("a branch link that names no message: %s", url.toString())
 
+    def scroll_to_answer(self, index: int = -1) -> None:
+        """Scroll so that an answer's label line is at the top."""
+        block = self._document.findBlock(self._answers[index].region_start)
+        top = self._document.documentLayout().blockBoundingRect(block).top()
+        self._browser.verticalScrollBar().setValue(int(top))
+
     def user_message_at(self, point: QPoint) -> MessageRecord | None:
         """The user message under ``point`` (viewport coordinates), if any."""
         position = self._browser.cursorForPosition(point).position()

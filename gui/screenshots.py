@@ -83,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="a JSON schema file: answer with Structured output (the grammar's tokens on blue)",
     )
+    parser.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="then regenerate the answer (comparison off) and shoot its ‹ 2/2 › switcher",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     pair = [ensure_model(DEFAULT_MAIN_KEY), ensure_model(DEFAULT_DRAFT_KEY)]
@@ -131,6 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     _save(window.chat, args.out / "chat-highlighted.png")
     _save(window.compare_view, args.out / "comparison.png")
     _save(window.meter, args.out / "meter-done.png")
+    if args.regenerate:
+        window.compare_toggle.setChecked(False)
+        window.regenerate()
+        if not _wait(window.answer_finished, ANSWER_TIMEOUT_MS):
+            print("no regenerated answer in time", file=sys.stderr)
+            return 1
+        _settle()
+        window.chat.scroll_to_answer(-1)
+        _settle()
+        _save(window.chat, args.out / "chat-alternatives.png")
     window.close()
     return 0
 
