@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from backends.engines.interface import ChatMessage
+from backends.service.context_fit import parse_policy
 from backends.service.protocol import GenerateRequest
 from gui.settings_to_backends import generation_settings
 from gui.transcript import spans_from_tokens
@@ -141,6 +142,7 @@ class AnswerController(QObject):
             tuple(self._history(conversation_id)),
             generation_settings(self.settings),
             compare=compare,
+            context_policy=parse_policy(self.settings.get_str("context_overflow")),
         )
         method = request.method or self._loaded_method()
         message_id = self.store.begin_answer(conversation_id, method)

@@ -69,6 +69,11 @@ def stats_summary(stats: SpeculationStats) -> str:
         parts.append(f"{rate * 100:.0f}% accepted")
     if stats.stop_reason is not None:
         parts.append(STOP_REASON_WORDS.get(stats.stop_reason, stats.stop_reason))
+    if stats.dropped_messages:
+        count = stats.dropped_messages
+        parts.append(
+            f"{count} earlier message{'s' if count != 1 else ''} left out to fit the context"
+        )
     return FOOTER_SEPARATOR.join(parts)
 
 

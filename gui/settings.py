@@ -19,6 +19,7 @@ from backends.engines.interface import DEFAULT_CONTEXT_SIZE
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES
 from backends.errors import SettingsError
 from backends.paths import user_data_dir
+from backends.service.context_fit import CONTEXT_POLICIES
 from backends.service.protocol import DEFAULT_API_HOST, DEFAULT_API_PORT, ENGINE_KINDS
 from backends.speculation.methods import DEFAULT_METHOD, METHODS
 from backends.speculation.types import (
@@ -404,6 +405,21 @@ SETTINGS: tuple[SettingSpec, ...] = (
         group="generation",
         choices=WEIGHT_REPACKING_MODES,
         choice_titles=("Auto", "On", "Off"),
+    ),
+    SettingSpec(
+        key="context_overflow",
+        kind=str,
+        default="truncate-middle",
+        title="When the chat outgrows the context",
+        tooltip=(
+            "Truncate the middle: keep the system prompt and the first exchange, leave out the "
+            "oldest turns after it. Rolling window: leave out the oldest turns. Stop at the "
+            "limit: leave nothing out (the answer is an error). The answer's footer says how "
+            "many messages were left out."
+        ),
+        group="generation",
+        choices=CONTEXT_POLICIES,
+        choice_titles=("Truncate the middle", "Rolling window", "Stop at the limit"),
     ),
     SettingSpec(
         key="system_prompt",

@@ -330,6 +330,7 @@ class EngineServer:
             compare=request.compare,
             observer=_RunEvents(self, request.request_id),
             cancel=self._cancel,
+            context_policy=request.context_policy,
         )
         comparison = answer.comparison
         if comparison is not None:

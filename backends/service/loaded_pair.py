@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from backends.engines.selection import EngineKind
     from backends.models.gguf_info import ModelFormat, ModelInfo
     from backends.models.gguf_to_mlx import ImportProgress, ImportProgressBar
+    from backends.service.context_fit import ContextPolicy
     from backends.service.pair_runs import Answer, Comparison, RunObserver
     from backends.service.pair_tuning import TuningRun
     from backends.service.tuning import TrialPrompt, TuningProgress
@@ -331,15 +332,23 @@ class LoadedPair:
         compare: bool = False,
         observer: RunObserver | None = None,
         cancel: threading.Event | None = None,
+        context_policy: ContextPolicy = "stop",
     ) -> Answer:
         """Answer a conversation with ``method`` (None: the pair's), streamed to ``observer``.
 
-        With ``compare`` the main model alone answers it after, from the same cached prefix
+        With ``compare`` the main model alone answers it after, from the same cached prefix;
+        ``context_policy`` says what to leave out of a conversation that outgrew the context
         (:func:`backends.service.pair_runs.answer`).
         """
         decoder = self.decoder(method or self.request.method, settings.p_min)
         return answer(
-            decoder, messages, settings, compare=compare, observer=observer, cancel=cancel
+            decoder,
+            messages,
+            settings,
+            compare=compare,
+            observer=observer,
+            cancel=cancel,
+            context_policy=context_policy,
         )
 
     def compare(

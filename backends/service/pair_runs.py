@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from backends.engines.interface import common_prefix_length
 from backends.errors import ContextOverflowError
+from backends.service.context_fit import answer_room, fit_conversation
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.methods import build_decoder
 from backends.speculation.types import GenerationResult
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from backends.engines.interface import ChatMessage, ModelEngine
+    from backends.service.context_fit import ContextPolicy
     from backends.service.protocol import RunKind
     from backends.speculation.methods import SpeculationMethod
     from backends.speculation.planner import CostCache
@@ -89,14 +91,22 @@ def answer(
     compare: bool = False,
     observer: RunObserver | None = None,
     cancel: threading.Event | None = None,
+    context_policy: ContextPolicy = "stop",
 ) -> Answer:
     """Answer a conversation with ``speculative``, streaming each round to ``observer``.
 
-    With ``compare`` the main model alone answers it after. Raises ContextOverflowError, in
-    one line, when the conversation fills the context.
+    With ``compare`` the main model alone answers it after. A conversation that outgrows
+    the context is shortened by ``context_policy`` (the stats count the messages left
+    out); one that still fills it raises ContextOverflowError, in one line.
     """
     main = speculative.target
-    prompt = speculative.prompt_tokens(messages)
+    fitted = fit_conversation(
+        messages,
+        lambda conversation: len(speculative.prompt_tokens(conversation)),
+        main.n_ctx - answer_room(settings.max_tokens, main.n_ctx),
+        context_policy,
+    )
+    prompt = speculative.prompt_tokens(fitted.messages)
     if len(prompt) >= main.n_ctx:
         raise ContextOverflowError(
             f"the conversation is {len(prompt)} tokens but the context holds "
@@ -113,7 +123,7 @@ def answer(
         if cancel is not None and cancel.is_set():
             break
         main.truncate(min(start, len(main.cached_tokens)))
-        results[run] = _stream(run, decoder, prompt, settings, observer, cancel)
+        results[run] = _stream(run, decoder, prompt, settings, observer, cancel, fitted.dropped)
     comparison = None
     if compare and len(results) == 2:
         comparison = Comparison(
@@ -129,6 +139,7 @@ def _stream(
     settings: GenerationSettings,
     observer: RunObserver | None,
     cancel: threading.Event | None,
+    dropped: int = 0,
 ) -> GenerationResult:
     if observer is not None:
         observer.run_started(run, len(prompt))
@@ -137,6 +148,7 @@ def _stream(
     for update in decoder.generate(prompt, settings, cancel):
         tokens.extend(update.tokens)
         stats = update.stats
+        stats.dropped_messages = dropped
         if observer is not None:
             observer.round_done(run, update)
         if update.finished:

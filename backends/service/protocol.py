@@ -21,6 +21,7 @@ from backends.engines.selection import ENGINE_KINDS, EngineKind
 from backends.engines.weight_placement import WEIGHT_REPACKING_MODES, WeightRepacking
 from backends.engines.worker_probe import parse_workers
 from backends.errors import SettingsError
+from backends.service.context_fit import ContextPolicy, parse_policy
 from backends.speculation.methods import DEFAULT_METHOD, SpeculationMethod, parse_method
 from backends.speculation.sampling import SamplingSettings
 from backends.speculation.types import (
@@ -122,10 +123,13 @@ class GenerateRequest:
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     compare: bool = False
     method: SpeculationMethod | None = None  # None: the method chosen at load
+    # What to leave out of a conversation that outgrew the context (context_fit.py).
+    context_policy: ContextPolicy = "stop"
 
     def __post_init__(self) -> None:
         if self.method is not None:
             parse_method(self.method)
+        parse_policy(self.context_policy)
         if not self.messages:
             raise SettingsError("nothing to answer: the conversation is empty")
 
@@ -200,6 +204,7 @@ def generate_command(request: GenerateRequest) -> dict[str, Any]:
         },
         "compare": request.compare,
         "method": request.method,
+        "context_policy": request.context_policy,
     }
 
 
@@ -216,6 +221,7 @@ def parse_generate(message: dict[str, Any]) -> GenerateRequest:
         settings,
         bool(message["compare"]),
         message.get("method"),
+        parse_policy(str(message.get("context_policy", "stop"))),
     )
 
 

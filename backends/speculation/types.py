@@ -125,6 +125,9 @@ class SpeculationStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     rounds: int = 0
+    # Earlier messages of the conversation left out to fit the context (the window's
+    # context overflow policy; backends/service/context_fit.py).
+    dropped_messages: int = 0
     total_draft_tokens_count: int = 0
     accepted_draft_tokens_count: int = 0
     rejected_draft_tokens_count: int = 0

@@ -702,3 +702,9 @@ def test_alternatives_show_a_switcher_and_user_messages_can_be_edited(
     assert "Edit and send again" not in [
         a.text() for a in pane.context_menu(point_inside(pane, "Red")).actions()
     ]
+
+
+def test_the_footer_says_how_many_messages_were_left_out(pane: ChatPane) -> None:
+    stream(pane, MIXED)
+    pane.finish_answer(make_stats(dropped_messages=4))
+    assert pane.footer_text().endswith("4 earlier messages left out to fit the context")

@@ -431,6 +431,12 @@ def test_a_prompt_beyond_the_context_is_an_error_in_the_chat(
     QTest.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
     assert window.chat.answer_count() == 0
     assert _ask(qtbot, window, "Hi") == "complete"
+    # A chat that outgrows the context goes on (truncate the middle, the default), and the
+    # answer's footer says what was left out.
+    for _ in range(3):
+        assert _ask(qtbot, window, "word " * 200) == "complete"
+    footer = window.chat.footer_text()
+    assert "2 earlier messages left out to fit the context" in footer, footer
     window.shutdown()
 
 
