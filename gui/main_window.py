@@ -81,19 +81,45 @@ def export_file_stem(title: str) -> str:
 class MessageInput(QPlainTextEdit):
     """The message box: Enter sends, Shift+Enter starts a new line.
 
+    With ``send_with_ctrl`` Ctrl+Enter sends and Enter starts a new line instead.
+
     Signals:
-        submitted(): Enter was pressed.
+        submitted(): the key that sends was pressed.
         edit_last_requested(): Up was pressed in the empty box.
     """
 
     submitted = Signal()
     edit_last_requested = Signal()
 
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.send_with_ctrl = False
+        self._update_hint()
+
+    def set_send_with_ctrl(self, on: bool) -> None:
+        """Ctrl+Enter sends (and Enter starts a new line), or Enter sends."""
+        self.send_with_ctrl = on
+        self._update_hint()
+
+    def _update_hint(self) -> None:
+        if self.send_with_ctrl:
+            self.setPlaceholderText("Ask something… (Ctrl+Enter sends, Enter new line)")
+        else:
+            self.setPlaceholderText("Ask something… (Enter sends, Shift+Enter new line)")
+
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt's name
-        """Enter submits unless Shift is held; Up in the empty box edits the last message."""
+        """The send key submits; Up in the empty box edits the last message."""
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
-        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+        modifiers = event.modifiers()
+        if self.send_with_ctrl:
+            sends = enter and bool(modifiers & Qt.KeyboardModifier.ControlModifier)
+        else:
+            sends = enter and not modifiers & Qt.KeyboardModifier.ShiftModifier
+        if sends:
             self.submitted.emit()
+            return
+        if enter and self.send_with_ctrl:
+            self.insertPlainText("\n")
             return
         if event.key() == Qt.Key.Key_Up and not self.toPlainText():
             self.edit_last_requested.emit()
@@ -201,7 +227,7 @@ class MainWindow(QMainWindow):
     def _build_conversation_area(self) -> QWidget:
         """The crash banner, the chat over the comparison, the toggles and the message box."""
         self.input = MessageInput()
-        self.input.setPlaceholderText("Ask something… (Enter sends, Shift+Enter new line)")
+        self.input.set_send_with_ctrl(self.settings.get_str("send_key") == "ctrl-enter")
         self.input.setMaximumHeight(96)
         self.send_button = QPushButton("Send")
         self.stop_button = QPushButton("Stop")
@@ -641,6 +667,8 @@ class MainWindow(QMainWindow):
                 self.compare_toggle.setChecked(bool(value))
         elif key in ("context_size", "workers"):
             self._update_estimate()
+        elif key == "send_key":
+            self.input.set_send_with_ctrl(value == "ctrl-enter")
         elif key == "extra_model_folders":
             self.rescan_models()
 

@@ -69,6 +69,7 @@ DRAFT_CHOICE_OFF = "off"
 
 # What Structured output offers: nothing, any JSON object, the JSON schema setting's schema.
 STRUCTURED_OUTPUTS = ("off", "json_object", "json_schema")
+SEND_KEYS = ("enter", "ctrl-enter")
 
 # "off" is not offered here: the draft picker's "Off: main model alone" entry decides it, so
 # that one control, not two that could disagree, turns speculation off.
@@ -476,6 +477,19 @@ SETTINGS: tuple[SettingSpec, ...] = (
             "speeds side by side. Takes about twice as long."
         ),
         group="view",
+    ),
+    SettingSpec(
+        key="send_key",
+        kind=str,
+        default="enter",
+        title="Send with",
+        tooltip=(
+            "Enter: Enter sends and Shift+Enter starts a new line. Ctrl+Enter: Ctrl+Enter "
+            "sends and Enter starts a new line (for long messages and code)."
+        ),
+        group="view",
+        choices=SEND_KEYS,
+        choice_titles=("Enter", "Ctrl+Enter"),
     ),
     # -- state -------------------------------------------------------------------------------
     SettingSpec(

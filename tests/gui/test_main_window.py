@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 from PySide6.QtCore import QElapsedTimer, Qt, QTimer
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QGuiApplication, QTextCursor
 from PySide6.QtTest import QTest
 
 from backends.service.protocol import LoadRequest
 from backends.speculation.types import TokenOrigin
 from gui.chat_store import ChatStore
-from gui.main_window import READY_CHAT_HINT, MainWindow
+from gui.main_window import READY_CHAT_HINT, MainWindow, MessageInput
 from gui.settings import AppSettings
 from gui.transcript import MessageRecord
 from tests.gui.conftest import (
@@ -475,3 +475,21 @@ def test_deleting_the_chat_being_answered_stops_the_answer(
     window.settings.set("max_tokens", 6)
     # The cancelled generation's late events are ignored; the next answer works.
     assert _ask(qtbot, window, "Say hello.") == "complete"
+
+
+def test_the_send_key_is_the_users_choice(qtbot: QtBot) -> None:
+    box = MessageInput()
+    qtbot.addWidget(box)
+    sent: list[bool] = []
+    box.submitted.connect(lambda: sent.append(True))
+    box.setPlainText("line")
+    box.moveCursor(QTextCursor.MoveOperation.End)
+    QTest.keyClick(box, Qt.Key.Key_Return)
+    assert sent == [True]  # Enter sends by default
+    box.set_send_with_ctrl(True)
+    assert "Ctrl+Enter sends" in box.placeholderText()
+    QTest.keyClick(box, Qt.Key.Key_Return)
+    assert sent == [True]
+    assert box.toPlainText() == "line\n"  # Enter starts a new line
+    QTest.keyClick(box, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    assert sent == [True, True]
