@@ -90,12 +90,14 @@ def _create_version_1(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX conversations_by_update ON conversations (updated_at)")
 
 
-def _add_branches_version_2(db: sqlite3.Connection) -> None:
+def _add_branches_and_chat_settings_version_2(db: sqlite3.Connection) -> None:
     """Messages form a tree (edits and regenerated answers are alternatives: siblings).
 
     Each message's parent is the one before it in its chat (what version 1 stored is one
-    branch); a chat shows the branch that ends at its ``leaf_id``.
+    branch); a chat shows the branch that ends at its ``leaf_id``. A chat also keeps its
+    own settings (``settings``, JSON: its system prompt, its context policy).
     """
+    db.execute("ALTER TABLE conversations ADD COLUMN settings TEXT")
     db.execute(
         "ALTER TABLE messages ADD COLUMN parent_id INTEGER"
         " REFERENCES messages(id) ON DELETE CASCADE"
@@ -119,7 +121,7 @@ def _add_branches_version_2(db: sqlite3.Connection) -> None:
 # _MIGRATIONS[n] brings a database from user_version n to n + 1; version 0 is an empty file.
 _MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     _create_version_1,
-    _add_branches_version_2,
+    _add_branches_and_chat_settings_version_2,
 )
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
@@ -368,6 +370,33 @@ class ChatStore:
                 "UPDATE conversations SET leaf_id = ? WHERE id = ?", (parent, conversation_id)
             )
         return conversation_id
+
+    def chat_settings(self, conversation_id: int) -> dict[str, object]:
+        """The settings a chat keeps for itself ({} when it keeps none)."""
+        rows = self._query("SELECT settings FROM conversations WHERE id = ?", (conversation_id,))
+        if not rows:
+            raise KeyError(f"no conversation {conversation_id}")
+        try:
+            stored = json.loads(rows[0][0]) if rows[0][0] else {}
+        except ValueError:
+            log.warning("chat %d has unreadable settings; they are ignored", conversation_id)
+            return {}
+        return dict(stored) if isinstance(stored, dict) else {}
+
+    def set_chat_setting(self, conversation_id: int, key: str, value: object) -> None:
+        """Keep ``key`` = ``value`` as one of a chat's own settings."""
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT settings FROM conversations WHERE id = ?", (conversation_id,)
+            ).fetchone()
+            if row is None:
+                raise KeyError(f"no conversation {conversation_id}")
+            stored = json.loads(row[0]) if row[0] else {}
+            stored[key] = value
+            db.execute(
+                "UPDATE conversations SET settings = ? WHERE id = ?",
+                (_to_json(stored), conversation_id),
+            )
 
     def conversation_title(self, conversation_id: int) -> str:
         """The title of a conversation."""

@@ -12,6 +12,7 @@ or of the app, loses nothing already on screen).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
     from gui.answer_controller import Answer
     from gui.engine_client import PairReport
 
+log = logging.getLogger(__name__)
+
 WINDOW_STATE_FILE = "window.ini"
 EMPTY_CHAT_HINT = "Load a model pair in the sidebar, then ask something."
 READY_CHAT_HINT = "Ask something below; the draft's accepted tokens show in green."
@@ -70,6 +73,8 @@ EXPORT_KINDS = {
     "json": (".json", "SpecDeck chat (*.json)"),
 }
 MAX_FILE_STEM = 60
+# Settings each chat keeps for itself: shown in the sidebar while the chat is open.
+PER_CHAT_SETTINGS = ("system_prompt", "context_overflow")
 
 
 def export_file_stem(title: str) -> str:
@@ -454,6 +459,8 @@ class MainWindow(QMainWindow):
         if self.answers.busy:
             return
         conversation_id = self.store.create_conversation()
+        for key in PER_CHAT_SETTINGS:  # a new chat starts with the settings shown now
+            self.store.set_chat_setting(conversation_id, key, self.settings.get(key))
         self.conversations.refresh()
         self.open_conversation(conversation_id)
 
@@ -466,6 +473,13 @@ class MainWindow(QMainWindow):
         if conversation_id != self.conversation_id:
             self.editing_message_id = None  # an edit belongs to the chat it began in
         self.conversation_id = conversation_id
+        # The chat's own system prompt and context policy become the sidebar's.
+        for key, value in self.store.chat_settings(conversation_id).items():
+            if key in PER_CHAT_SETTINGS:
+                try:
+                    self.settings.set(key, value)  # type: ignore[arg-type]
+                except (SettingsError, TypeError, ValueError):
+                    log.warning("chat %d keeps a bad %s: %r", conversation_id, key, value)
         self.chat.set_messages(self.store.messages(conversation_id))
         self.conversations.select(conversation_id)
         self._update_controls()
@@ -656,6 +670,8 @@ class MainWindow(QMainWindow):
 
     def _on_setting_changed(self, key: str) -> None:
         value = self.settings.get(key)
+        if key in PER_CHAT_SETTINGS and self.conversation_id is not None:
+            self.store.set_chat_setting(self.conversation_id, key, value)
         if key == "visualize_drafts":
             self.chat.set_visualize_drafts(bool(value))
             self.compare_view.set_visualize_drafts(bool(value))

@@ -169,3 +169,30 @@ def test_the_window_exports_imports_and_searches_chats(qtbot: QtBot, tmp_path: P
     window.conversations.search.clear()
     assert window.conversations.model.rowCount() == 3
     window.shutdown()
+
+
+def test_each_chat_keeps_its_system_prompt_and_context_policy(qtbot: QtBot, tmp_path: Path) -> None:
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    window = MainWindow(AppSettings(), store, offer_first_run=False)
+    qtbot.addWidget(window)
+    window.new_chat()
+    terse = window.conversation_id
+    assert terse is not None
+    window.settings.set("system_prompt", "Be terse.")
+    window.settings.set("context_overflow", "rolling-window")
+    window.new_chat()  # starts with the settings shown, then keeps its own
+    other = window.conversation_id
+    assert other is not None
+    window.settings.set("system_prompt", "Answer in French.")
+    assert store.chat_settings(terse)["system_prompt"] == "Be terse."
+    window.open_conversation(terse)
+    assert window.settings.get_str("system_prompt") == "Be terse."
+    assert window.settings.get_str("context_overflow") == "rolling-window"
+    window.open_conversation(other)
+    assert window.settings.get_str("system_prompt") == "Answer in French."
+    assert window.settings.get_str("context_overflow") == "rolling-window"
+    # A chat that keeps a value this SpecDeck does not know opens with the one shown.
+    store.set_chat_setting(terse, "context_overflow", "forget-everything")
+    window.open_conversation(terse)
+    assert window.settings.get_str("context_overflow") == "rolling-window"
+    window.shutdown()
