@@ -411,7 +411,7 @@ SETTINGS: tuple[SettingSpec, ...] = (
         key="context_overflow",
         kind=str,
         default="truncate-middle",
-        title="When the chat outgrows the context",
+        title="Context overflow",
         tooltip=(
             "Truncate the middle: keep the system prompt and the first exchange, leave out the "
             "oldest turns after it. Rolling window: leave out the oldest turns. Stop at the "
@@ -492,6 +492,14 @@ SETTINGS: tuple[SettingSpec, ...] = (
         choice_titles=("Enter", "Ctrl+Enter"),
     ),
     # -- state -------------------------------------------------------------------------------
+    SettingSpec(
+        key="presets",
+        kind=str,
+        default="",
+        title="Presets",
+        tooltip="The saved presets of the Speculation and Sampling settings (JSON, by name).",
+        group="state",
+    ),
     SettingSpec(
         key="last_main_path",
         kind=str,

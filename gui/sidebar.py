@@ -31,6 +31,7 @@ from gui.models_panel import (
     mlx_available,
     model_card_html,
 )
+from gui.presets import PresetBar
 from gui.server_panel import ServerPanel
 from gui.settings import DRAFT_CHOICE_NGRAM, DRAFT_CHOICE_OFF
 from gui.settings_form import SettingsForm, show_setting
@@ -130,6 +131,8 @@ class Sidebar(QWidget):
         layout.addWidget(self._load_panel)
         self.server_panel = ServerPanel(content)
         layout.addWidget(Section("Local server", self.server_panel, content))
+        self.presets = PresetBar(settings, content)
+        layout.addWidget(Section("Presets", self.presets, content))
         self._settings_form = SettingsForm(settings, content)
         self._settings_form.write_failed.connect(self.show_error)
         layout.addWidget(self._settings_form)
