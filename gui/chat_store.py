@@ -304,10 +304,7 @@ class ChatStore:
             ORDER BY c.updated_at DESC, c.id DESC
             """
         )
-        return [
-            ConversationSummary(int(cid), str(title), float(created), float(updated), int(count))
-            for cid, title, created, updated, count in rows
-        ]
+        return _summaries(rows)
 
     def search_conversations(self, text: str) -> list[ConversationSummary]:
         """The conversations whose title or a message holds ``text`` (any case), newest first."""
@@ -327,10 +324,7 @@ class ChatStore:
             """,
             (pattern,),
         )
-        return [
-            ConversationSummary(int(cid), str(title), float(created), float(updated), int(count))
-            for cid, title, created, updated, count in rows
-        ]
+        return _summaries(rows)
 
     def import_conversation(self, title: str, messages: Sequence[MessageRecord]) -> int:
         """A new conversation holding ``messages`` as they are (one transaction); its id."""
@@ -631,6 +625,14 @@ class ChatStore:
             raise HistoryError(
                 f"the chat history {self.path} has an unreadable message {message_id}: {exc}"
             ) from exc
+
+
+def _summaries(rows: Sequence[Sequence[Any]]) -> list[ConversationSummary]:
+    """Rows of (id, title, created, updated, message count) as summaries."""
+    return [
+        ConversationSummary(int(cid), str(title), float(created), float(updated), int(count))
+        for cid, title, created, updated, count in rows
+    ]
 
 
 def _to_json(value: object) -> str:

@@ -111,15 +111,22 @@ def window(qtbot: QtBot, smollm_path: Path) -> Iterator[MainWindow]:
     window.shutdown()
 
 
-def test_the_window_serves_its_loaded_pair_and_the_meter_follows(
-    qtbot: QtBot, window: MainWindow, smollm_path: Path
-) -> None:
+def serve_on_a_free_port(qtbot: QtBot, window: MainWindow) -> int:
+    """Switch the window's Local server on, on a free port of this computer; the port."""
     panel = window.sidebar.server_panel
     port = free_port()
     panel.port.setValue(port)
     with engine_wait(qtbot, window.client, window.client.serving, 30_000) as serving:
         panel.switch.setChecked(True)
     assert serving.args[0] is True, serving.args
+    return port
+
+
+def test_the_window_serves_its_loaded_pair_and_the_meter_follows(
+    qtbot: QtBot, window: MainWindow, smollm_path: Path
+) -> None:
+    panel = window.sidebar.server_panel
+    port = serve_on_a_free_port(qtbot, window)
     assert panel.status.text() == f"Listening on http://127.0.0.1:{port}/v1"
     assert window.settings.get_int("server_port") == port  # offered again next start
     answers: dict[str, Any] = {}
@@ -185,11 +192,7 @@ def test_the_api_follows_a_pair_loaded_while_it_serves(
     qtbot: QtBot, window: MainWindow, smollm_path: Path, tmp_path: Path
 ) -> None:
     panel = window.sidebar.server_panel
-    port = free_port()
-    panel.port.setValue(port)
-    with engine_wait(qtbot, window.client, window.client.serving, 30_000) as serving:
-        panel.switch.setChecked(True)
-    assert serving.args[0] is True, serving.args
+    port = serve_on_a_free_port(qtbot, window)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
     assert [model.id for model in client.models.list().data] == [smollm_path.stem] * 2
     # Another main model (the same weights under another name), and no draft model.
