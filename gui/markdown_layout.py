@@ -472,6 +472,15 @@ def rendered_runs(items: Sequence[Item]) -> list[tuple[str, TokenOrigin | None]]
     return runs
 
 
+def shown_text_of(source: str, origins: Sequence[TokenOrigin], origin: TokenOrigin) -> str:
+    """What the window shows of ``origin``'s characters of an answer, line breaks aside.
+
+    (What its background colour marks: the accepted draft's green, the grammar's blue.)
+    """
+    runs = rendered_runs(answer_layout(source, origins))
+    return "".join(text for text, who in runs if who is origin and text != "\n")
+
+
 def plain_text(items: Sequence[Item]) -> str:
     """The rendered text of ``items``: lines joined by newlines, a table's cells by tabs."""
     parts: list[str] = []

@@ -86,6 +86,7 @@ def _self_test_in_window(main: Path, draft: Path) -> int:
 
     from backends.speculation.types import TokenOrigin
     from gui.main_window import MainWindow
+    from gui.markdown_layout import shown_text_of
     from gui.settings import AppSettings
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -129,10 +130,21 @@ def _self_test_in_window(main: Path, draft: Path) -> int:
         finished = _wait(window.answer_finished, SELF_TEST_TIMEOUT_MS)
         if finished != ["complete"]:
             failures.append(f"the answer ended with {finished}: {'; '.join(errors)}")
-        stats = window.store.messages(window.conversation_id or 0)[-1].stats
+        record = window.store.messages(window.conversation_id or 0)[-1]
+        stats = record.stats
+        origins = [span.origin for span in record.spans for _ in range(span.length)]
+        stored_drafts = "".join(
+            character
+            for character, origin in zip(record.content, origins, strict=False)
+            if origin is TokenOrigin.DRAFT
+        )
         if stats is None or stats.accepted_draft_tokens_count == 0:
             failures.append("no draft token was accepted")
-        elif window.chat.highlighted_text() != "".join(drafted).replace("\n", ""):
+        elif stored_drafts != "".join(drafted):
+            failures.append("the stored answer's draft tokens are not those the engine sent")
+        elif window.chat.highlighted_text() != shown_text_of(
+            record.content, origins, TokenOrigin.DRAFT
+        ):
             failures.append("the green highlight does not match the accepted draft tokens")
         elif window.meter.overall_acceptance != stats.acceptance_rate:
             failures.append("the meter does not show the answer's acceptance")
