@@ -82,6 +82,7 @@ SPECULATION_ORDER = (
 )
 # The modules of backends/service/, lowest first; a name covers a sub-package (api).
 SERVICE_ORDER = (
+    "context_fit",  # what a conversation that outgrew the context keeps (the protocol's)
     "protocol",
     "generation_options",
     "suite_prompts",
