@@ -130,11 +130,10 @@ class Runs:
 
 
 def llama_server_command(
-    name: str, port: int, main: Path, draft: Path, threads: int, n_ctx: int
+    server: Path, name: str, port: int, main: Path, draft: Path, threads: int, n_ctx: int
 ) -> list[str]:
-    """llama-server's command line for ``name`` (plain, draft model or ngram-mod)."""
-    tools = build_tools(log=lambda line: print(line, file=sys.stderr))
-    command = [str(tools.server), "-m", str(main), "--port", str(port), "--host", "127.0.0.1"]
+    """llama-server's (``server``) command line for ``name`` (plain, draft model, ngram-mod)."""
+    command = [str(server), "-m", str(main), "--port", str(port), "--host", "127.0.0.1"]
     command += ["-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", "1"]
     command += ["--jinja", "--no-webui", "-ngl", "0"]
     if name == DRAFT:
@@ -170,6 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     main = args.main or model_path(DEFAULT_MAIN_KEY)
     draft = args.draft or model_path(DEFAULT_DRAFT_KEY)
     chosen = [p for p in PROMPTS if p.key in args.prompts.split(",")]
+    tools = build_tools(log=lambda line: print(line, file=sys.stderr))
     servers: list[Server] = []
     logs = Path(tempfile.mkdtemp(prefix="specdeck-vs-llama-server-"))
     try:
@@ -178,7 +178,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if name == OURS:
                 command = specdeck_command(port, main, draft, args.threads, args.ctx)
             else:
-                command = llama_server_command(name, port, main, draft, args.threads, args.ctx)
+                command = llama_server_command(
+                    tools.server, name, port, main, draft, args.threads, args.ctx
+                )
             servers.append(start(name, command, port, logs))
         for server in servers:
             server.ready()
@@ -205,11 +207,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 server.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 server.process.kill()
-    return summary(chosen, runs, args)
+    return summary(chosen, runs, args, tools.llama_cpp_python)
 
 
 def summary(
-    prompts: list[SchemaPrompt], runs: dict[tuple[str, str], Runs], args: argparse.Namespace
+    prompts: list[SchemaPrompt],
+    runs: dict[tuple[str, str], Runs],
+    args: argparse.Namespace,
+    llama_cpp_python: str,
 ) -> dict[str, Any]:
     """Medians per prompt and server, and SpecDeck over the fastest llama-server."""
     results = []
@@ -256,7 +261,7 @@ def summary(
         "machine": machine_line(args.threads),
         "rounds": args.rounds,
         "max_tokens": args.max_tokens,
-        "llama_cpp": build_tools(log=lambda line: print(line, file=sys.stderr)).llama_cpp_python,
+        "llama_cpp": llama_cpp_python,
         "prompts": results,
     }
 

@@ -212,10 +212,6 @@ class AnswerStyles:
             CODE_LINE_HEIGHT_PERCENT, QTextBlockFormat.LineHeightTypes.ProportionalHeight.value
         )
 
-    def char_format(self, kind: TextKind, origin: TokenOrigin | None) -> QTextCharFormat:
-        """The format of answer text of ``kind`` produced by ``origin``."""
-        return self.piece_format(kind, origin)
-
     def piece_format(
         self,
         kind: TextKind,

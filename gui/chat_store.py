@@ -367,25 +367,15 @@ class ChatStore:
 
     def chat_settings(self, conversation_id: int) -> dict[str, object]:
         """The settings a chat keeps for itself ({} when it keeps none)."""
-        rows = self._query("SELECT settings FROM conversations WHERE id = ?", (conversation_id,))
-        if not rows:
-            raise KeyError(f"no conversation {conversation_id}")
         try:
-            stored = json.loads(rows[0][0]) if rows[0][0] else {}
-        except ValueError:
-            log.warning("chat %d has unreadable settings; they are ignored", conversation_id)
-            return {}
-        return dict(stored) if isinstance(stored, dict) else {}
+            return _chat_settings(self._db, conversation_id)
+        except sqlite3.Error as exc:
+            raise HistoryError(f"the chat history {self.path} could not be read: {exc}") from exc
 
     def set_chat_setting(self, conversation_id: int, key: str, value: object) -> None:
         """Keep ``key`` = ``value`` as one of a chat's own settings."""
         with self._transaction() as db:
-            row = db.execute(
-                "SELECT settings FROM conversations WHERE id = ?", (conversation_id,)
-            ).fetchone()
-            if row is None:
-                raise KeyError(f"no conversation {conversation_id}")
-            stored = json.loads(row[0]) if row[0] else {}
+            stored = _chat_settings(db, conversation_id)
             stored[key] = value
             db.execute(
                 "UPDATE conversations SET settings = ? WHERE id = ?",
@@ -527,12 +517,7 @@ class ChatStore:
         regenerated answer).
         """
         with self._transaction() as db:
-            cursor = db.execute(
-                "UPDATE conversations SET leaf_id = (SELECT parent_id FROM messages WHERE id = ?1)"
-                " WHERE id = (SELECT conversation_id FROM messages WHERE id = ?1)",
-                (message_id,),
-            )
-            _require_row(cursor, "message", message_id)
+            _require_row(_show_branch_before(db, message_id), "message", message_id)
 
     def switch_branch(self, message_id: int, step: int) -> int:
         """Show the alternative ``step`` places from ``message_id`` and its latest continuation.
@@ -582,11 +567,7 @@ class ChatStore:
         Its chat then shows the branch up to the message before it.
         """
         with self._transaction() as db:
-            db.execute(
-                "UPDATE conversations SET leaf_id = (SELECT parent_id FROM messages WHERE id = ?1)"
-                " WHERE id = (SELECT conversation_id FROM messages WHERE id = ?1)",
-                (message_id,),
-            )
+            _show_branch_before(db, message_id)
             db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
 
     def _record(
@@ -625,6 +606,30 @@ class ChatStore:
             raise HistoryError(
                 f"the chat history {self.path} has an unreadable message {message_id}: {exc}"
             ) from exc
+
+
+def _show_branch_before(db: sqlite3.Connection, message_id: int) -> sqlite3.Cursor:
+    """Make the chat of ``message_id`` show the branch up to the message before it."""
+    return db.execute(
+        "UPDATE conversations SET leaf_id = (SELECT parent_id FROM messages WHERE id = ?1)"
+        " WHERE id = (SELECT conversation_id FROM messages WHERE id = ?1)",
+        (message_id,),
+    )
+
+
+def _chat_settings(db: sqlite3.Connection, conversation_id: int) -> dict[str, object]:
+    """A chat's own settings ({} when it keeps none or they cannot be read)."""
+    row = db.execute(
+        "SELECT settings FROM conversations WHERE id = ?", (conversation_id,)
+    ).fetchone()
+    if row is None:
+        raise KeyError(f"no conversation {conversation_id}")
+    try:
+        stored = json.loads(row[0]) if row[0] else {}
+    except ValueError:
+        log.warning("chat %d has unreadable settings; they are ignored", conversation_id)
+        return {}
+    return dict(stored) if isinstance(stored, dict) else {}
 
 
 def _summaries(rows: Sequence[Sequence[Any]]) -> list[ConversationSummary]:

@@ -108,4 +108,7 @@ def shown_text(pairs: Sequence[tuple[str, TokenOrigin]]) -> str:
 
 def shown_on(pairs: Sequence[tuple[str, TokenOrigin]], origin: TokenOrigin) -> str:
     """The shown text of ``origin``'s characters, line breaks aside (as on its background)."""
-    return "".join(text for text, who in shown_runs(pairs) if who is origin).replace("\n", "")
+    from gui.markdown_layout import shown_text_of
+
+    source = "".join(text for text, _ in pairs)
+    return shown_text_of(source, [who for text, who in pairs for _ in text], origin)

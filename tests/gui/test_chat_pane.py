@@ -16,7 +16,6 @@ from backends.speculation.types import EmittedToken, SpeculationStats, TokenOrig
 from gui.answer_text import CODE_PADDING
 from gui.chat_format import MAX_COLUMN_WIDTH
 from gui.chat_pane import ChatPane
-from gui.markdown_layout import answer_layout, rendered_runs
 from gui.style import (
     CODE_BACKGROUND,
     DRAFT_TOOLTIP,
@@ -25,6 +24,7 @@ from gui.style import (
     monospace_font,
 )
 from gui.transcript import MessageRecord, spans_from_tokens
+from tests.gui.conftest import shown_on, shown_runs, shown_text
 from tests.gui.test_main_window import MAX_EVENT_LOOP_STALL_MS
 from tests.gui.thread_clock import ThreadClock
 
@@ -79,22 +79,6 @@ def merged_runs(pairs: Sequence[tuple[str, TokenOrigin]]) -> list[tuple[str, Tok
 
 def draft_text(pairs: Sequence[tuple[str, TokenOrigin]]) -> str:
     return "".join(text for text, origin in pairs if origin is D).replace("\n", "")
-
-
-def shown_runs(pairs: Sequence[tuple[str, TokenOrigin]]) -> list[tuple[str, TokenOrigin]]:
-    """What the pane shows of an answer of ``pairs`` (its Markdown rendered), merged runs."""
-    source = "".join(text for text, _ in pairs)
-    origins = [origin for text, origin in pairs for _ in text]
-    runs = rendered_runs(answer_layout(source, origins))
-    return merged_runs([(text, origin or T) for text, origin in runs])
-
-
-def shown_text(pairs: Sequence[tuple[str, TokenOrigin]]) -> str:
-    return "".join(text for text, _ in shown_runs(pairs))
-
-
-def shown_draft_text(pairs: Sequence[tuple[str, TokenOrigin]]) -> str:
-    return "".join(text for text, origin in shown_runs(pairs) if origin is D).replace("\n", "")
 
 
 def make_stats(**overrides: object) -> SpeculationStats:
@@ -233,7 +217,7 @@ def test_code_block_keeps_whitespace_and_is_monospace(pane: ChatPane) -> None:
     assert not answer_formats(pane, " works")[0].fontFixedPitch()
 
     # drafted code is still marked
-    assert pane.highlighted_text() == shown_draft_text(CODE_ANSWER)
+    assert pane.highlighted_text() == shown_on(CODE_ANSWER, D)
     assert "def add(a, b):" in pane.highlighted_text()
 
 
