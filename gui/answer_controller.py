@@ -18,7 +18,7 @@ from backends.engines.interface import ChatMessage
 from backends.service.context_fit import parse_policy
 from backends.service.protocol import GenerateRequest
 from gui.settings_to_backends import generation_settings
-from gui.transcript import spans_from_tokens
+from gui.transcript import LEFT_OUT_KEY, spans_from_tokens
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -50,11 +50,21 @@ class Answer:
         self.speculative_done = False
         self.dirty = False  # tokens arrived since the history was last written
         self.used: dict[str, object] = {}  # the models and settings it is generated with
+        # The history id of each message sent (None: the system prompt), in order.
+        self.sent_ids: list[int | None] = []
 
     @property
     def text(self) -> str:
         """What has arrived of the speculative run."""
         return "".join(token.text for token in self.tokens)
+
+    def left_out(self) -> list[int]:
+        """The ids of the earlier messages its context left out (its stats say which)."""
+        stats = self.stats
+        if stats is None or not stats.dropped_messages:
+            return []
+        run = self.sent_ids[stats.dropped_from : stats.dropped_from + stats.dropped_messages]
+        return [message_id for message_id in run if message_id is not None]
 
 
 def settings_used(settings: GenerationSettings, method: str | None) -> dict[str, object]:
@@ -137,9 +147,10 @@ class AnswerController(QObject):
 
     def start(self, conversation_id: int, *, compare: bool) -> None:
         """Answer the conversation's last message (raises SpecDeckError for bad settings)."""
+        history = self._history(conversation_id)
         request = GenerateRequest(
             self.client.new_request_id(),
-            tuple(self._history(conversation_id)),
+            tuple(message for message, _id in history),
             generation_settings(self.settings),
             compare=compare,
             context_policy=parse_policy(self.settings.get_str("context_overflow")),
@@ -147,6 +158,7 @@ class AnswerController(QObject):
         method = request.method or self._loaded_method()
         message_id = self.store.begin_answer(conversation_id, method)
         self.answer = Answer(request.request_id, message_id, conversation_id, request.compare)
+        self.answer.sent_ids = [message_id for _message, message_id in history]
         # Kept with the answer (and in an exported chat): what it was generated with.
         self.answer.used = {
             "models": self._loaded_models(),
@@ -191,15 +203,16 @@ class AnswerController(QObject):
             self._save_streaming_answer()
             self.client.cancel()
 
-    def _history(self, conversation_id: int) -> list[ChatMessage]:
-        messages: list[ChatMessage] = []
+    def _history(self, conversation_id: int) -> list[tuple[ChatMessage, int | None]]:
+        """The messages to send, each with its id in the history (None: the system prompt)."""
+        messages: list[tuple[ChatMessage, int | None]] = []
         system = str(self.settings.get("system_prompt") or "").strip()
         if system:
-            messages.append(ChatMessage("system", system))
+            messages.append((ChatMessage("system", system), None))
         for record in self.store.messages(conversation_id):
             if record.role == "assistant" and not record.content:
                 continue
-            messages.append(ChatMessage(record.role, record.content))
+            messages.append((ChatMessage(record.role, record.content), record.message_id))
         return messages
 
     # -- the engine's events ---------------------------------------------------------------
@@ -285,6 +298,9 @@ class AnswerController(QObject):
             return
         self.answer = None
         self._save_timer.stop()
+        left_out = answer.left_out()
+        if left_out:
+            extra = {**(extra or {}), LEFT_OUT_KEY: left_out}
         self.store.finish_answer(
             answer.message_id,
             answer.text,
@@ -295,7 +311,7 @@ class AnswerController(QObject):
             {**answer.used, **(extra or {})},
         )
         if answer.conversation_id == self._shown_conversation():
-            self.chat.finish_answer(answer.stats, state, error)
+            self.chat.finish_answer(answer.stats, state, error, left_out)
         if state != "complete":
             self.meter.reset() if answer.stats is None else self.meter.finish(answer.stats)
         self.finished.emit(state)

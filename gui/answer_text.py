@@ -38,16 +38,10 @@ from gui.markdown_layout import (
     part_starts,
 )
 from gui.style import (
-    CODE_BACKGROUND,
-    DRAFT_BACKGROUND,
-    DRAFT_BACKGROUND_IN_CODE,
     DRAFT_TOOLTIP,
-    GRAMMAR_BACKGROUND,
-    GRAMMAR_BACKGROUND_IN_CODE,
     GRAMMAR_TOOLTIP,
-    MUTED_TEXT,
-    SUBTLE_LINE,
     TARGET_TOOLTIP,
+    colours,
     monospace_font,
 )
 
@@ -60,11 +54,6 @@ if TYPE_CHECKING:
 
 # Who produced a character is kept in its format, so what is read back is what is rendered.
 ORIGIN_PROPERTY = QTextFormat.Property.UserProperty.value + 1
-# The background each origin is shown on (in prose, in code); the main model's own: none.
-ORIGIN_BACKGROUNDS = {
-    TokenOrigin.DRAFT: (DRAFT_BACKGROUND, DRAFT_BACKGROUND_IN_CODE),
-    TokenOrigin.GRAMMAR: (GRAMMAR_BACKGROUND, GRAMMAR_BACKGROUND_IN_CODE),
-}
 ORIGIN_TOOLTIPS = {
     TokenOrigin.DRAFT: DRAFT_TOOLTIP,
     TokenOrigin.TARGET: TARGET_TOOLTIP,
@@ -92,8 +81,6 @@ LIST_MARKER_HANG = 18  # a list item's marker hangs left of its text by this muc
 QUOTE_INDENT = 16
 HEADING_SCALES = {1: 1.45, 2: 1.3, 3: 1.15}  # h4 and below: the body's size, bold
 HEADING_TOP_MARGIN = 6
-LINK_TEXT = QColor("#0b63c5")
-PYGMENTS_STYLE = "default"  # its colours suit the light code box
 MIN_GUESS_LINES = 3  # a fence that names no language: guessed once it has this many lines
 GUESS_SAMPLE_LINES = 40  # from its first lines
 # A code block being written is coloured from this many lines before its first new line
@@ -115,6 +102,16 @@ def scaled_point_size(base: QFont, scale: float) -> float:
 
 
 # --- readback ---------------------------------------------------------------------------
+
+
+def origin_backgrounds(origin: TokenOrigin | None) -> tuple[QColor, QColor] | None:
+    """The background ``origin`` is shown on, in prose and in code (None: the main model's)."""
+    in_use = colours()
+    if origin is TokenOrigin.DRAFT:
+        return in_use.draft_background, in_use.draft_background_in_code
+    if origin is TokenOrigin.GRAMMAR:
+        return in_use.grammar_background, in_use.grammar_background_in_code
+    return None
 
 
 def origin_of(char_format: QTextCharFormat) -> TokenOrigin | None:
@@ -236,7 +233,7 @@ class AnswerStyles:
             char_format.setFontStyleHint(QFont.StyleHint.Monospace)
             char_format.setFontPointSize(scaled_point_size(self._base_font, CODE_POINT_SCALE))
         if kind is TextKind.INLINE_CODE:
-            char_format.setBackground(CODE_BACKGROUND)
+            char_format.setBackground(colours().code_background)
         if heading_level:
             scale = HEADING_SCALES.get(heading_level, 1.0)
             char_format.setFontPointSize(scaled_point_size(self._base_font, scale))
@@ -247,11 +244,11 @@ class AnswerStyles:
         if style.strike:
             char_format.setFontStrikeOut(True)
         if quote:
-            char_format.setForeground(MUTED_TEXT)
+            char_format.setForeground(colours().muted_text)
         if style.href:
             char_format.setAnchor(True)
             char_format.setAnchorHref(style.href)
-            char_format.setForeground(LINK_TEXT)
+            char_format.setForeground(colours().link_text)
             char_format.setFontUnderline(True)
         if code_style is not None:
             colour, bold, italic = code_style
@@ -263,7 +260,7 @@ class AnswerStyles:
                 char_format.setFontItalic(True)
         if origin is not None:
             char_format.setProperty(ORIGIN_PROPERTY, origin.value)
-            backgrounds = ORIGIN_BACKGROUNDS.get(origin)
+            backgrounds = origin_backgrounds(origin)
             if self.visualize_drafts and backgrounds is not None:
                 char_format.setBackground(backgrounds[kind is not TextKind.PROSE])
         self._char_formats[key] = char_format
@@ -300,7 +297,7 @@ class AnswerStyles:
         """Is this text shown on ``origin``'s background (the draft's green, the grammar's blue)?"""
         if char_format.background().style() == Qt.BrushStyle.NoBrush:
             return False
-        return char_format.background().color() in ORIGIN_BACKGROUNDS.get(origin, ())
+        return char_format.background().color() in (origin_backgrounds(origin) or ())
 
 
 @dataclass(frozen=True)
@@ -493,7 +490,7 @@ class AnswerWriter:
         table_format.setCellPadding(4)
         table_format.setCellSpacing(0)
         table_format.setBorder(1)
-        table_format.setBorderBrush(SUBTLE_LINE)
+        table_format.setBorderBrush(colours().subtle_line)
         table_format.setBorderStyle(QTextFrameFormat.BorderStyle.BorderStyle_Solid)
         table_format.setBorderCollapse(True)
         # The line after a table lies under it (Qt's layout): the room is the table's own.
@@ -565,7 +562,7 @@ def code_colours(text: str, language: str) -> CodeColours:
     runs: list[tuple[int, int, tuple[str, bool, bool]]] = []
     position = 0
     for token_type, value in lexer.get_tokens(text):
-        looks = _token_style(token_type)
+        looks = _token_style(token_type, colours().code_style)
         if looks is not NO_CODE_STYLE:
             runs.append((position, position + len(value), looks))
         position += len(value)
@@ -573,11 +570,11 @@ def code_colours(text: str, language: str) -> CodeColours:
 
 
 @cache
-def _token_style(token_type: _TokenType) -> tuple[str, bool, bool]:
-    """Pygments' colour, bold and italic for a token type in the app's style."""
+def _token_style(token_type: _TokenType, style_name: str) -> tuple[str, bool, bool]:
+    """Pygments' colour, bold and italic for a token type in the named style."""
     from pygments.styles import get_style_by_name
 
-    looks = get_style_by_name(PYGMENTS_STYLE).style_for_token(token_type)
+    looks = get_style_by_name(style_name).style_for_token(token_type)
     if not (looks["color"] or looks["bold"] or looks["italic"]):
         return NO_CODE_STYLE
     return (f"#{looks['color']}" if looks["color"] else "", looks["bold"], looks["italic"])
@@ -735,19 +732,19 @@ class AnswerBrowser(QTextBrowser):
             for box in boxes:
                 rect = box.rect.translated(-offset)
                 painter.setPen(Qt.PenStyle.NoPen)
-                painter.setBrush(CODE_BACKGROUND)
+                painter.setBrush(colours().code_background)
                 painter.drawRoundedRect(rect, CODE_BOX_RADIUS, CODE_BOX_RADIUS)
                 header = QRectF(
                     rect.left() + CODE_PADDING, rect.top() + 2, rect.width(), HEADER_ROW
                 )
-                painter.setPen(MUTED_TEXT)
+                painter.setPen(colours().muted_text)
                 painter.drawText(header, Qt.AlignmentFlag.AlignVCenter, box.language)
                 button = CodeBox(rect, box.first_block, box.language).copy_rect()
                 label = COPIED_LABEL if box.first_block == self._copied_block else COPY_LABEL
-                painter.setPen(SUBTLE_LINE)
+                painter.setPen(colours().subtle_line)
                 painter.setBrush(Qt.BrushStyle.NoBrush)
                 painter.drawRoundedRect(button.adjusted(0, 2, 0, -2), 4, 4)
-                painter.setPen(MUTED_TEXT)
+                painter.setPen(colours().muted_text)
                 painter.drawText(button, Qt.AlignmentFlag.AlignCenter, label)
             painter.end()
         super().paintEvent(event)

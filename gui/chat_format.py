@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextFrameFormat
+from PySide6.QtGui import QFont, QTextBlockFormat, QTextCharFormat, QTextFrameFormat
 
 from gui.answer_text import AnswerBrowser, AnswerStyles, scaled_point_size
-from gui.style import ERROR_TEXT, MUTED_TEXT, USER_BUBBLE_BACKGROUND
+from gui.style import colours
 
 if TYPE_CHECKING:
     from PySide6.QtGui import QResizeEvent
@@ -36,8 +36,6 @@ STOP_REASON_WORDS = {
     "context_full": "context full",
 }
 
-USER_BUBBLE_BORDER = QColor("#d2e3fc")
-LABEL_TEXT = QColor("#374151")
 
 DOCUMENT_MARGIN = 18
 MAX_COLUMN_WIDTH = 880  # wider lines are hard to read
@@ -117,26 +115,26 @@ class ChatStyles(AnswerStyles):
 
         self.label = QTextCharFormat()
         self.label.setFontWeight(QFont.Weight.DemiBold)
-        self.label.setForeground(LABEL_TEXT)
+        self.label.setForeground(colours().label_text)
         self.label_method = QTextCharFormat()
-        self.label_method.setForeground(MUTED_TEXT)
+        self.label_method.setForeground(colours().muted_text)
         self.body = QTextCharFormat()
         self.footer = QTextCharFormat()
-        self.footer.setForeground(MUTED_TEXT)
+        self.footer.setForeground(colours().muted_text)
         self.footer.setFontPointSize(scaled_point_size(base_font, SMALL_POINT_SCALE))
         self.footer_error = QTextCharFormat(self.footer)
-        self.footer_error.setForeground(ERROR_TEXT)
+        self.footer_error.setForeground(colours().error_text)
         self.notice = QTextCharFormat(self.footer)
         self.notice.setFontItalic(True)
 
         self.bubble = QTextFrameFormat()
-        self.bubble.setBackground(USER_BUBBLE_BACKGROUND)
+        self.bubble.setBackground(colours().user_bubble_background)
         self.bubble.setPadding(BUBBLE_PADDING)
         self.bubble.setTopMargin(MESSAGE_TOP_MARGIN)
         # A block's top margin is not kept after a frame, so the bubble keeps the distance.
         self.bubble.setBottomMargin(BUBBLE_BOTTOM_MARGIN)
         self.bubble.setBorder(BUBBLE_BORDER_WIDTH)
-        self.bubble.setBorderBrush(USER_BUBBLE_BORDER)
+        self.bubble.setBorderBrush(colours().user_bubble_border)
         self.bubble.setBorderStyle(QTextFrameFormat.BorderStyle.BorderStyle_Solid)
 
 

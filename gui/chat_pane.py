@@ -29,7 +29,7 @@ from gui.chat_format import (
     footer_parts,
 )
 from gui.style import TOKEN_FLUSH_MS
-from gui.transcript import MessageRecord, MessageState, TokenSpan
+from gui.transcript import LEFT_OUT_KEY, MessageRecord, MessageState, TokenSpan
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -51,6 +51,14 @@ BRANCH_SCHEME = "specdeck-branch"
 BRANCH_PREVIOUS = "‹"
 BRANCH_NEXT = "›"
 AUTO_SCROLL_SLACK_PX = 24  # this close to the bottom still counts as "at the bottom"
+
+
+def left_out_note(count: int) -> str:
+    """The line shown where the last answer's context left messages out."""
+    return (
+        f"The next {count} message{'s were' if count != 1 else ' was'} left out of the"
+        " last answer's context: the chat outgrew it (Context overflow)"
+    )
 
 
 @dataclass(frozen=True)
@@ -129,6 +137,7 @@ class ChatPane(QWidget):
         self._live: _LiveAnswer | None = None
         self._pending: list[EmittedToken] = []
         self._deferred_notices: list[str] = []
+        self._left_out_shown = False  # a note says where the last answer's context left out
 
         self._flush_timer = QTimer(self)
         self._flush_timer.setSingleShot(True)
@@ -222,8 +231,13 @@ class ChatPane(QWidget):
         stats: SpeculationStats | None,
         state: MessageState = "complete",
         error: str | None = None,
+        left_out: Sequence[int] = (),
     ) -> None:
-        """Write what is buffered and close the open answer with its footer."""
+        """Write what is buffered and close the open answer with its footer.
+
+        ``left_out``: the ids of the earlier messages its context left out; a note is
+        shown where they begin (and the last answer's note, if any, goes).
+        """
         live = self._live
         if live is None:
             log.warning("finish_answer with no answer open")
@@ -234,10 +248,16 @@ class ChatPane(QWidget):
         live.record.stats = stats
         live.record.state = state
         live.record.error = error
+        if left_out:
+            live.record.extra[LEFT_OUT_KEY] = list(left_out)
         self._live = None
         self._cursor.beginEditBlock()
         self._close_answer(live.record, live.placement)
         self._cursor.endEditBlock()
+        if left_out or self._left_out_shown:  # the note moves to the last answer's drop
+            scroll_value = self._browser.verticalScrollBar().value()
+            self._render_all(None)
+            self._browser.verticalScrollBar().setValue(scroll_value)
         notices, self._deferred_notices = self._deferred_notices, []
         for text in notices:
             self.show_notice(text)
@@ -250,6 +270,10 @@ class ChatPane(QWidget):
             return
         self._visualize_drafts = on
         self._browser.set_origin_tooltips(on)
+        self.rerender()
+
+    def rerender(self) -> None:
+        """Render the conversation again, where the reader is (after a theme change)."""
         self._flush_pending_tokens()
         live_record = None
         if self._live is not None:
@@ -415,8 +439,12 @@ class ChatPane(QWidget):
         self._answers.clear()
         self._user_messages.clear()
         self._styles = ChatStyles(self._document.defaultFont(), self._visualize_drafts)
+        note_before, left_out = self._left_out_place()
+        self._left_out_shown = note_before is not None
         self._cursor.beginEditBlock()
         for item in self._items:
+            if item is note_before:
+                self._render_notice(_Notice(left_out_note(left_out)))
             if isinstance(item, _Notice):
                 self._render_notice(item)
             elif item.role == "user":
@@ -426,6 +454,29 @@ class ChatPane(QWidget):
                 if opened is not None:
                     self._live = opened
         self._cursor.endEditBlock()
+
+    def _left_out_place(self) -> tuple[MessageRecord | None, int]:
+        """The message the last answer's context left out first, and how many it left out."""
+        last_answer = next(
+            (
+                item
+                for item in reversed(self._items)
+                if isinstance(item, MessageRecord) and item.role == "assistant"
+            ),
+            None,
+        )
+        ids = last_answer.extra.get(LEFT_OUT_KEY) if last_answer is not None else None
+        if not isinstance(ids, list) or not ids:
+            return None, 0
+        first = next(
+            (
+                item
+                for item in self._items
+                if isinstance(item, MessageRecord) and item.message_id in ids
+            ),
+            None,
+        )
+        return first, len(ids)
 
     def _open_block(self, block_format: QTextBlockFormat, char_format: QTextCharFormat) -> None:
         self._cursor.movePosition(QTextCursor.MoveOperation.End)

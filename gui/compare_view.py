@@ -10,7 +10,8 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from backends.speculation.types import TokenOrigin
 from gui.answer_text import AnswerBrowser, AnswerStyles, AnswerWriter, highlighted_text, text_runs
-from gui.style import BAD, GOOD, METER_REPAINT_MS, MUTED_TEXT, SUBTLE_LINE, TOKEN_FLUSH_MS, WARN
+from gui.style import METER_REPAINT_MS, TOKEN_FLUSH_MS
+from gui.theme import MUTED_TEXT_STYLE, keep_styled, text_colour
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -38,8 +39,6 @@ GRAMMAR_LEGEND_TEXT = "Green: accepted draft tokens · blue: the schema's own to
 LEGEND_OFF_TEXT = "Draft highlighting is off"
 PLAIN_SUBTITLE = "The same prompt, one token per step, no drafting"
 
-BROWSER_BORDER = SUBTLE_LINE
-BROWSER_BACKGROUND = QColor("#ffffff")
 BROWSER_RADIUS_PX = 6
 DOCUMENT_MARGIN_PX = 10
 COLUMN_SPACING_PX = 14
@@ -62,8 +61,12 @@ def _speed_text(stats: SpeculationStats) -> str:
     return f"{stats.tokens_per_second:.1f} tok/s"
 
 
-def _muted_style() -> str:
-    return f"color: {MUTED_TEXT.name()};"
+def _badge_style(colour: QColor) -> str:
+    return (
+        f"color: {colour.name()}; background: {_rgba(colour, BADGE_TINT_ALPHA)};"
+        f" border: 1px solid {colour.name()}; border-radius: {BADGE_RADIUS_PX}px;"
+        " padding: 2px 10px; font-weight: bold;"
+    )
 
 
 def _rgba(colour: QColor, alpha: int) -> str:
@@ -103,7 +106,7 @@ class _Column(QWidget):
         # Both columns have a subtitle, so that their texts start at the same height.
         self.subtitle = QLabel(LEGEND_TEXT if run == "speculative" else PLAIN_SUBTITLE)
         self.subtitle.setObjectName(f"{run}-subtitle")
-        self.subtitle.setStyleSheet(_muted_style())
+        keep_styled(self.subtitle, MUTED_TEXT_STYLE)
         small_font = self.font()
         small_font.setPointSizeF(small_font.pointSizeF() * SMALL_POINT_SCALE)
         self.subtitle.setFont(small_font)
@@ -115,16 +118,19 @@ class _Column(QWidget):
         self.document = self.browser.document()
         self.document.setUndoRedoEnabled(False)
         self.document.setDocumentMargin(DOCUMENT_MARGIN_PX)
-        self.browser.setStyleSheet(
-            f"QTextBrowser {{ background: {BROWSER_BACKGROUND.name()};"
-            f" border: 1px solid {BROWSER_BORDER.name()};"
-            f" border-radius: {BROWSER_RADIUS_PX}px; }}"
+        keep_styled(
+            self.browser,
+            lambda chosen: (
+                f"QTextBrowser {{ background: {chosen.answer_background.name()};"
+                f" border: 1px solid {chosen.subtle_line.name()};"
+                f" border-radius: {BROWSER_RADIUS_PX}px; }}"
+            ),
         )
         self._cursor = QTextCursor(self.document)
         self._writer = self._start_text()
 
         self.status = QLabel()
-        self.status.setStyleSheet(_muted_style())
+        keep_styled(self.status, MUTED_TEXT_STYLE)
         self.status.setFont(small_font)
 
         header = QHBoxLayout()
@@ -159,6 +165,9 @@ class _Column(QWidget):
     def set_visualize_drafts(self, on: bool) -> None:
         self.visualize_drafts = on
         self.browser.set_origin_tooltips(on)
+        self.rerender()
+
+    def rerender(self) -> None:
         self.flush()
         self._writer = self._start_text()
         self._write(self.tokens)
@@ -322,27 +331,26 @@ class CompareView(QWidget):
         """After both runs: the speedup banner, and whether the texts match (None: no badge)."""
         if speedup is None:
             self._banner.setText(NO_SPEEDUP_TEXT)
-            self._banner.setStyleSheet(_muted_style())
+            keep_styled(self._banner, MUTED_TEXT_STYLE)
         else:
-            colour = GOOD if speedup >= 1.0 else WARN
             self._banner.setText(speedup_banner_text(speedup))
-            self._banner.setStyleSheet(f"color: {colour.name()};")
+            keep_styled(
+                self._banner,
+                text_colour("good" if speedup >= 1.0 else "warn"),
+            )
         self._banner.show()
         if identical is None:
             self._badge.setText("")
             self._badge.hide()
             return
-        colour = GOOD if identical else BAD
         self._badge.setText(IDENTICAL_TEXT if identical else DIFFERENT_TEXT)
         self._badge.setToolTip(
             "At temperature 0 speculation must not change the text: both runs wrote the same"
             if identical
             else "The two answers are not the same text"
         )
-        self._badge.setStyleSheet(
-            f"color: {colour.name()}; background: {_rgba(colour, BADGE_TINT_ALPHA)};"
-            f" border: 1px solid {colour.name()}; border-radius: {BADGE_RADIUS_PX}px;"
-            " padding: 2px 10px; font-weight: bold;"
+        keep_styled(
+            self._badge, lambda chosen: _badge_style(chosen.good if identical else chosen.bad)
         )
         self._badge.show()
 
@@ -367,6 +375,11 @@ class CompareView(QWidget):
         self._update_legend()
         for column in self._columns.values():
             column.set_visualize_drafts(on)
+
+    def rerender(self) -> None:
+        """Render both columns again (after a theme change)."""
+        for column in self._columns.values():
+            column.rerender()
 
     def _update_legend(self) -> None:
         legend = GRAMMAR_LEGEND_TEXT if self._shows_grammar else LEGEND_TEXT

@@ -19,7 +19,7 @@ from PySide6.QtCore import (
     Signal,
     Slot,
 )
-from PySide6.QtGui import QAction, QColor, QFont, QFontMetrics, QKeySequence, QPainter, QPen
+from PySide6.QtGui import QAction, QFont, QFontMetrics, QKeySequence, QPainter, QPen
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -36,7 +36,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui.style import MUTED_TEXT, SUBTLE_LINE
+from gui.style import colours
 
 if TYPE_CHECKING:
     from PySide6.QtCore import QPoint
@@ -50,9 +50,6 @@ NEW_CHAT_TOOLTIP = "New chat (Ctrl+N)"
 SEARCH_PLACEHOLDER = "Search chats"
 EXPORT_MARKDOWN_ACTION = "Export as Markdown…"
 EXPORT_JSON_ACTION = "Export as JSON…"
-SELECTED_BACKGROUND = SUBTLE_LINE
-HOVER_BACKGROUND = QColor("#f3f4f6")
-TITLE_TEXT = QColor("#111827")
 ROW_PADDING_X = 10
 ROW_PADDING_Y = 7
 ROW_GAP = 2  # between two chats' highlight boxes
@@ -182,9 +179,9 @@ class ConversationDelegate(QStyledItemDelegate):
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         background = None
         if state & QStyle.StateFlag.State_Selected:
-            background = SELECTED_BACKGROUND
+            background = colours().subtle_line
         elif state & QStyle.StateFlag.State_MouseOver:
-            background = HOVER_BACKGROUND
+            background = colours().hover_background
         if background is not None:
             painter.setPen(Qt.PenStyle.NoPen)
             painter.setBrush(background)
@@ -201,7 +198,7 @@ class ConversationDelegate(QStyledItemDelegate):
             title_rect.width(),
         )
         painter.setFont(title_font)
-        painter.setPen(QPen(TITLE_TEXT))
+        painter.setPen(QPen(colours().title_text))
         painter.drawText(
             title_rect, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, title
         )
@@ -216,7 +213,7 @@ class ConversationDelegate(QStyledItemDelegate):
                 QFontMetrics(date_font).height(),
             )
             painter.setFont(date_font)
-            painter.setPen(QPen(MUTED_TEXT))
+            painter.setPen(QPen(colours().muted_text))
             painter.drawText(
                 date_rect,
                 Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,

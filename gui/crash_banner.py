@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QWidget
 
-from gui.style import ERROR_TEXT
+from gui.theme import ERROR_TEXT_STYLE, keep_styled
 
 if TYPE_CHECKING:
     from gui.load_controller import LoadState
@@ -26,7 +26,7 @@ class CrashBanner(QWidget):
         layout.setContentsMargins(8, 4, 8, 4)
         self.label = QLabel()
         self.label.setWordWrap(True)
-        self.label.setStyleSheet(f"color: {ERROR_TEXT.name()}")
+        keep_styled(self.label, ERROR_TEXT_STYLE)
         self.reload_button = QPushButton(RELOAD_TEXT)
         layout.addWidget(self.label, 1)
         layout.addWidget(self.reload_button)

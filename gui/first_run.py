@@ -26,7 +26,7 @@ from backends.models.provision import (
 )
 from gui.background import BackgroundTask
 from gui.status_bar import format_bytes
-from gui.style import ERROR_TEXT
+from gui.theme import ERROR_TEXT_STYLE, NO_STYLE, keep_styled
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -93,7 +93,7 @@ class FirstRunDialog(QDialog):
         self.fetch_button.setEnabled(False)
         self.folder_button.setEnabled(False)
         self.progress.show()
-        self.status.setStyleSheet("")
+        keep_styled(self.status, NO_STYLE)
         self.status.setText("Starting…")
 
         def work(report: Callable[[object], None]) -> tuple[Path, Path]:
@@ -121,7 +121,7 @@ class FirstRunDialog(QDialog):
         self.accept()
 
     def _fetch_failed(self, message: str) -> None:
-        self.status.setStyleSheet(f"color: {ERROR_TEXT.name()}")
+        keep_styled(self.status, ERROR_TEXT_STYLE)
         self.status.setText(message)
         self.fetch_button.setEnabled(True)
         self.folder_button.setEnabled(True)

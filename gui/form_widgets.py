@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui.style import MUTED_TEXT
+from gui.theme import MUTED_TEXT_STYLE, keep_styled
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -116,7 +116,7 @@ def muted_label(text: str = "") -> QLabel:
     """Grey, wrapping text (hidden while empty)."""
     label = QLabel(text)
     label.setWordWrap(True)
-    label.setStyleSheet(f"color: {MUTED_TEXT.name()};")
+    keep_styled(label, MUTED_TEXT_STYLE)
     if not text:
         label.hide()
     return label

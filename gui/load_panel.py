@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from gui.form_widgets import ROW_SPACING, muted_label
-from gui.style import GOOD
+from gui.theme import keep_styled, text_colour
 
 PROGRESS_STEPS = 1000
 NOTE_BULLET = "• "
@@ -49,7 +49,7 @@ class LoadPanel(QWidget):
         layout.addWidget(self._progress_label)
         self._status_label = QLabel()
         self._status_label.setObjectName("loadStatus")
-        self._status_label.setStyleSheet(f"color: {GOOD.name()}; font-weight: bold;")
+        keep_styled(self._status_label, text_colour("good", "font-weight: bold;"))
         self._status_label.hide()
         layout.addWidget(self._status_label)
         self._placement_label = _selectable_label()

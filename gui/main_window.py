@@ -19,8 +19,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeyEvent, QKeySequence, QTextCursor
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QGuiApplication,
+    QKeyEvent,
+    QKeySequence,
+    QTextCursor,
+)
 from PySide6.QtWidgets import (
+    QApplication,
     QCheckBox,
     QFileDialog,
     QHBoxLayout,
@@ -55,6 +63,7 @@ from gui.settings import AppSettings
 from gui.settings_to_backends import extra_model_folders
 from gui.sidebar import Sidebar
 from gui.status_bar import ResourceStatusBar
+from gui.theme import apply_theme
 
 if TYPE_CHECKING:
     from backends.engines.load_guard import CrashRecords
@@ -162,6 +171,8 @@ class MainWindow(QMainWindow):
         self.conversation_id: int | None = None
         self.editing_message_id: int | None = None  # a sent message being edited in the box
 
+        # Before the widgets: they are built in the theme's colours.
+        apply_theme(_application(), self.settings.get_str("theme"))
         self._build()
         self.loads = LoadController(self.client, self.settings, self.sidebar, self.status, self)
         self.answers = AnswerController(
@@ -323,6 +334,8 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         client = self.client
+        # "System" follows the desktop when it switches between light and dark.
+        QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _scheme: self.follow_theme())
         client.failed.connect(self._on_engine_error)
         self.loads.scanned.connect(self._on_scanned)
         self.loads.state_changed.connect(self._show_load_state)
@@ -685,8 +698,17 @@ class MainWindow(QMainWindow):
             self._update_estimate()
         elif key == "send_key":
             self.input.set_send_with_ctrl(value == "ctrl-enter")
+        elif key == "theme":
+            self.follow_theme()
         elif key == "extra_model_folders":
             self.rescan_models()
+
+    def follow_theme(self) -> None:
+        """Use the theme the settings name (or the desktop's, for "system") everywhere."""
+        if apply_theme(_application(), self.settings.get_str("theme")):
+            self.chat.rerender()
+            self.compare_view.rerender()
+            self.conversations.view.viewport().update()
 
     def _update_controls(self) -> None:
         answering = self.answers.busy
@@ -735,6 +757,13 @@ class MainWindow(QMainWindow):
         """Quit cleanly: the answer so far is in the history already."""
         self.shutdown()
         super().closeEvent(event)
+
+
+def _application() -> QApplication:
+    """The running QApplication (the window cannot exist without one)."""
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    return app
 
 
 def _open_history(parent: QWidget) -> ChatStore:

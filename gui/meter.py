@@ -19,7 +19,8 @@ from gui.meter_painting import (
     percent_text,
     scaled_font,
 )
-from gui.style import METER_REPAINT_MS, MUTED_TEXT
+from gui.style import METER_REPAINT_MS
+from gui.theme import MUTED_TEXT_STYLE, NO_STYLE, keep_styled
 
 if TYPE_CHECKING:
     from backends.speculation.types import SpeculationStats
@@ -127,7 +128,7 @@ class _StatTile(QWidget):
         layout.setSpacing(0)
         self.caption = QLabel(caption)
         self.caption.setFont(scaled_font(self.font(), SMALL_POINT_SCALE))
-        self.caption.setStyleSheet(f"color: {MUTED_TEXT.name()};")
+        keep_styled(self.caption, MUTED_TEXT_STYLE)
         self.value = QLabel(NO_VALUE)
         self.value.setFont(scaled_font(self.font(), TILE_VALUE_POINT_SCALE, bold=True))
         layout.addWidget(self.caption)
@@ -160,7 +161,7 @@ class _CountsRow(QWidget):
             number.setFont(scaled_font(self.font(), 1.0, bold=True))
             caption = QLabel(name)
             caption.setFont(scaled_font(self.font(), SMALL_POINT_SCALE))
-            caption.setStyleSheet(f"color: {MUTED_TEXT.name()};")
+            keep_styled(caption, MUTED_TEXT_STYLE)
             column_layout.addWidget(number)
             column_layout.addWidget(caption)
             layout.addWidget(column, 1)
@@ -217,19 +218,19 @@ class AcceptanceMeter(QWidget):
         self._title.setFont(scaled_font(self.font(), TITLE_POINT_SCALE, bold=True))
         self._caption = QLabel(IDLE_CAPTION)
         self._caption.setFont(scaled_font(self.font(), SMALL_POINT_SCALE))
-        self._caption.setStyleSheet(f"color: {MUTED_TEXT.name()};")
+        keep_styled(self._caption, MUTED_TEXT_STYLE)
         self._gauge = AcceptanceGauge()
         self._overall = _StatTile("Whole answer")
         self._speed = _StatTile("Speed")
         self._counts = _CountsRow()
         self._positions_caption = QLabel("Acceptance by draft position")
         self._positions_caption.setFont(scaled_font(self.font(), SMALL_POINT_SCALE))
-        self._positions_caption.setStyleSheet(f"color: {MUTED_TEXT.name()};")
+        keep_styled(self._positions_caption, MUTED_TEXT_STYLE)
         self._positions = PositionBars()
         self._methods = QLabel()
         self._methods.setWordWrap(True)
         self._methods.setFont(scaled_font(self.font(), SMALL_POINT_SCALE))
-        self._methods.setStyleSheet(f"color: {MUTED_TEXT.name()};")
+        keep_styled(self._methods, MUTED_TEXT_STYLE)
 
         tiles = QHBoxLayout()
         tiles.setSpacing(12)
@@ -379,9 +380,12 @@ class AcceptanceMeter(QWidget):
         overall = None if stats is None else stats.acceptance_rate
         self._overall.value.setText(percent_text(overall))
         if overall is not None:
-            self._overall.value.setStyleSheet(f"color: {acceptance_colour(overall).name()};")
+            keep_styled(
+                self._overall.value,
+                lambda chosen: f"color: {acceptance_colour(overall, chosen).name()};",
+            )
         else:
-            self._overall.value.setStyleSheet("")
+            keep_styled(self._overall.value, NO_STYLE)
         speed = NO_VALUE if stats is None else f"{stats.tokens_per_second:.1f} tok/s"
         self._speed.value.setText(speed)
 

@@ -12,10 +12,12 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from gui.style import BAD, GOOD, MUTED_TEXT, SUBTLE_LINE, WARN
+from gui.style import colours
 
 if TYPE_CHECKING:
     from PySide6.QtGui import QPaintEvent
+
+    from gui.style import Colours
 
 GOOD_ACCEPTANCE = 0.6  # at or above: the draft is clearly paying for itself
 WARN_ACCEPTANCE = 0.3  # below: most drafted tokens are wasted work
@@ -24,9 +26,6 @@ NO_VALUE = "—"
 NO_DRAFTS_TEXT = "No drafts yet"
 SMALL_POINT_SCALE = 0.85  # captions and bar labels, against the widget's own font
 
-TRACK_COLOUR = SUBTLE_LINE
-EMPTY_BAR_COLOUR = QColor("#c4c9d1")
-VALUE_TEXT_COLOUR = QColor("#1f2937")
 
 GAUGE_START_DEGREES = 210.0
 GAUGE_SWEEP_DEGREES = 240.0
@@ -47,13 +46,14 @@ LONG_LABEL_MIN_SLOT = 40  # narrower slots label a bar "3" instead of "pos 3"
 PERCENT_LABEL_MIN_SLOT = 30
 
 
-def acceptance_colour(value: float) -> QColor:
-    """GOOD, WARN or BAD for an acceptance share in [0, 1]."""
+def acceptance_colour(value: float, chosen: Colours | None = None) -> QColor:
+    """Good, warn or bad (of ``chosen``, else the colours in use) for a share in [0, 1]."""
+    chosen = chosen or colours()
     if value >= GOOD_ACCEPTANCE:
-        return GOOD
+        return chosen.good
     if value >= WARN_ACCEPTANCE:
-        return WARN
-    return BAD
+        return chosen.warn
+    return chosen.bad
 
 
 def percent_text(value: float | None) -> str:
@@ -116,7 +116,7 @@ class AcceptanceGauge(QWidget):
         left = (self.width() - diameter) / 2
         arc_rect = QRectF(left, margin, diameter, diameter)
 
-        track_pen = QPen(TRACK_COLOUR, GAUGE_PEN_WIDTH)
+        track_pen = QPen(colours().subtle_line, GAUGE_PEN_WIDTH)
         track_pen.setCapStyle(Qt.PenCapStyle.RoundCap)
         painter.setPen(track_pen)
         start = int(GAUGE_START_DEGREES * QT_DEGREE_UNITS)
@@ -131,7 +131,7 @@ class AcceptanceGauge(QWidget):
 
         value_font = scaled_font(self.font(), GAUGE_VALUE_POINT_SCALE, bold=True)
         painter.setFont(value_font)
-        painter.setPen(VALUE_TEXT_COLOUR if self._value is not None else MUTED_TEXT)
+        painter.setPen(colours().value_text if self._value is not None else colours().muted_text)
         value_height = painter.fontMetrics().height()
         value_rect = QRectF(
             arc_rect.left(), arc_rect.center().y() - value_height / 2, diameter, value_height
@@ -139,7 +139,7 @@ class AcceptanceGauge(QWidget):
         painter.drawText(value_rect, Qt.AlignmentFlag.AlignCenter, self.value_text())
 
         painter.setFont(small_font)
-        painter.setPen(MUTED_TEXT)
+        painter.setPen(colours().muted_text)
         caption_top = margin + diameter * ARC_HEIGHT_SHARE + GAUGE_PEN_WIDTH / 2
         caption_rect = QRectF(0, caption_top, self.width(), caption_height)
         painter.drawText(caption_rect, Qt.AlignmentFlag.AlignCenter, self._caption)
@@ -186,7 +186,7 @@ class PositionBars(QWidget):
         small_font = scaled_font(self.font(), SMALL_POINT_SCALE)
         painter.setFont(small_font)
         if not self._values:
-            painter.setPen(MUTED_TEXT)
+            painter.setPen(colours().muted_text)
             painter.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter, self._empty_text)
             painter.end()
             return
@@ -203,7 +203,7 @@ class PositionBars(QWidget):
             bar_left = centre_x - bar_width / 2
             track = QRectF(bar_left, top, bar_width, full_height)
             if value is None:
-                empty_pen = QPen(EMPTY_BAR_COLOUR, 1.0, Qt.PenStyle.DashLine)
+                empty_pen = QPen(colours().empty_bar, 1.0, Qt.PenStyle.DashLine)
                 painter.setPen(empty_pen)
                 painter.setBrush(Qt.BrushStyle.NoBrush)
                 painter.drawRoundedRect(
@@ -211,14 +211,14 @@ class PositionBars(QWidget):
                 )
             else:
                 painter.setPen(Qt.PenStyle.NoPen)
-                painter.setBrush(TRACK_COLOUR)
+                painter.setBrush(colours().subtle_line)
                 painter.drawRoundedRect(track, BAR_CORNER_RADIUS, BAR_CORNER_RADIUS)
                 filled_height = full_height * min(max(value, 0.0), 1.0)
                 if filled_height > 0.0:
                     painter.setBrush(acceptance_colour(value))
                     filled = QRectF(bar_left, bottom - filled_height, bar_width, filled_height)
                     painter.drawRoundedRect(filled, BAR_CORNER_RADIUS, BAR_CORNER_RADIUS)
-            painter.setPen(MUTED_TEXT)
+            painter.setPen(colours().muted_text)
             position = index + 1
             label = f"pos {position}" if slot >= LONG_LABEL_MIN_SLOT else str(position)
             label_rect = QRectF(slot * index, bottom, slot, BAR_LABEL_HEIGHT)

@@ -38,7 +38,7 @@ from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, model
 from backends.service.protocol import ENGINE_KINDS
 from gui.form_widgets import ROW_SPACING, CalmComboBox, caption, heading, muted_label, select_data
 from gui.settings import DRAFT_CHOICE_NGRAM, DRAFT_CHOICE_OFF, setting_spec
-from gui.style import MUTED_TEXT
+from gui.style import colours
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -191,7 +191,7 @@ class ModelsPanel(QWidget):
         self.tune_button.setCursor(Qt.CursorShape.PointingHandCursor)
         self.tune_button.setStyleSheet(
             "QPushButton { text-align: right; padding: 0px; color: palette(link); }"
-            f" QPushButton:disabled {{ color: {MUTED_TEXT.name()}; }}"
+            f" QPushButton:disabled {{ color: {colours().muted_text.name()}; }}"
         )
         self.tune_button.setToolTip(TUNE_TOOLTIP)
         self.tune_button.clicked.connect(self.tune_requested)

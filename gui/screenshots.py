@@ -20,7 +20,7 @@ from backends.service.suite_prompts import SUITE_PROMPTS
 from gui.app import prefer_default_pair
 from gui.app_info import APP_NAME
 from gui.main_window import MainWindow
-from gui.settings import AppSettings
+from gui.settings import THEMES, AppSettings
 
 # A code rewrite (the benchmark suite's "type-hints" prompt): the kind of coding request where
 # speculation pays on any machine, because the answer repeats most of the prompt.
@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="then regenerate the answer (comparison off) and shoot its ‹ 2/2 › switcher",
     )
+    parser.add_argument(
+        "--theme", choices=THEMES, default="light", help="the window's colours (default: light)"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     pair = [ensure_model(DEFAULT_MAIN_KEY), ensure_model(DEFAULT_DRAFT_KEY)]
@@ -106,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine == "mlx" or args.main is not None:
         settings.set("last_main_path", str(pair[0]))
         settings.set("last_draft_choice", str(pair[1]))
+    settings.set("theme", args.theme)
     settings.set("compare", True)
     settings.set("max_tokens", args.max_tokens)
     if args.json_schema is not None:

@@ -70,6 +70,7 @@ DRAFT_CHOICE_OFF = "off"
 # What Structured output offers: nothing, any JSON object, the JSON schema setting's schema.
 STRUCTURED_OUTPUTS = ("off", "json_object", "json_schema")
 SEND_KEYS = ("enter", "ctrl-enter")
+THEMES = ("system", "light", "dark")  # gui/theme.py: "system" follows the desktop
 
 # "off" is not offered here: the draft picker's "Off: main model alone" entry decides it, so
 # that one control, not two that could disagree, turns speculation off.
@@ -490,6 +491,19 @@ SETTINGS: tuple[SettingSpec, ...] = (
         group="view",
         choices=SEND_KEYS,
         choice_titles=("Enter", "Ctrl+Enter"),
+    ),
+    SettingSpec(
+        key="theme",
+        kind=str,
+        default="system",
+        title="Theme",
+        tooltip=(
+            "Light or dark colours for the window, the chat and its code. System: the "
+            "desktop's choice where it tells (light where it does not)."
+        ),
+        group="view",
+        choices=THEMES,
+        choice_titles=("System", "Light", "Dark"),
     ),
     # -- state -------------------------------------------------------------------------------
     SettingSpec(

@@ -10,7 +10,6 @@ import logging
 from typing import TYPE_CHECKING, Literal
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QFrame,
     QScrollArea,
@@ -36,7 +35,7 @@ from gui.server_panel import ServerPanel
 from gui.settings import DRAFT_CHOICE_NGRAM, DRAFT_CHOICE_OFF
 from gui.settings_form import SettingsForm, show_setting
 from gui.settings_to_backends import load_request_for, speculation_method
-from gui.style import ERROR_TEXT
+from gui.theme import keep_styled
 
 if TYPE_CHECKING:
     from PySide6.QtGui import QHideEvent
@@ -48,6 +47,7 @@ if TYPE_CHECKING:
     from backends.service.protocol import LoadRequest
     from backends.speculation.methods import SpeculationMethod
     from gui.settings import AppSettings
+    from gui.style import Colours
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +55,19 @@ SIDEBAR_MIN_WIDTH = 280
 CONTENT_MARGIN = 12
 SECTION_SPACING = 10
 
-CARD_BACKGROUND = QColor("#f7f7f8")
-CARD_BORDER = QColor("#e4e4e7")
 CARD_RADIUS_PX = 6
-ERROR_BACKGROUND = QColor("#fef3f2")
+
+
+def _card_styles(chosen: Colours) -> str:
+    return (
+        f"QLabel#modelCard {{ background: {chosen.card_background.name()};"
+        f" border: 1px solid {chosen.card_border.name()}; border-radius: {CARD_RADIUS_PX}px;"
+        f" padding: 6px; }}"
+        f" QLabel#errorLabel {{ color: {chosen.error_text.name()};"
+        f" background: {chosen.error_background.name()}; border-radius: {CARD_RADIUS_PX}px;"
+        f" padding: 6px; }}"
+    )
+
 
 DRAFT_MODEL_NEEDS_DRAFT = "Draft model only needs a draft model"
 NO_MAIN_MODEL = "Pick a main model first (or get the default pair)"
@@ -147,14 +156,7 @@ class Sidebar(QWidget):
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)
 
-        self.setStyleSheet(
-            f"QLabel#modelCard {{ background: {CARD_BACKGROUND.name()};"
-            f" border: 1px solid {CARD_BORDER.name()}; border-radius: {CARD_RADIUS_PX}px;"
-            f" padding: 6px; }}"
-            f" QLabel#errorLabel {{ color: {ERROR_TEXT.name()};"
-            f" background: {ERROR_BACKGROUND.name()}; border-radius: {CARD_RADIUS_PX}px;"
-            f" padding: 6px; }}"
-        )
+        keep_styled(self, _card_styles)
         settings.changed.connect(self._on_setting_changed)
         self._on_selection_changed(False)
 

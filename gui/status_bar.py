@@ -14,7 +14,7 @@ from backends.engines.hardware import (
     estimate_pair_memory,
 )
 from backends.engines.interface import LOCAL_CPU_PLACE
-from gui.style import BAD, MUTED_TEXT, WARN
+from gui.theme import keep_styled, text_colour
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -110,7 +110,10 @@ class ResourceStatusBar(QStatusBar):
         lost = [report for report in reports if not report.reachable]
         text = "Workers: " + " · ".join(_worker_text(report) for report in reports)
         self.workers_label.setText(text)
-        self.workers_label.setStyleSheet(f"color: {(BAD if lost else MUTED_TEXT).name()}")
+        keep_styled(
+            self.workers_label,
+            text_colour("bad" if lost else "muted_text"),
+        )
         self.workers_label.setToolTip(
             "\n".join(report.summary() for report in reports)
             + "\nllama.cpp RPC workers hold these layers of the main model; the draft is here."
@@ -136,8 +139,9 @@ class ResourceStatusBar(QStatusBar):
                 f"Main model on {workers} worker{'s' if workers != 1 else ''} · draft needs "
                 f"≈{format_bytes(needed)} of {format_bytes(free)} free here"
             )
-            self.estimate_label.setStyleSheet(
-                f"color: {(BAD if needed > free else MUTED_TEXT).name()}"
+            keep_styled(
+                self.estimate_label,
+                text_colour("bad" if needed > free else "muted_text"),
             )
             self.estimate_label.setToolTip(
                 "The main model's layers are split over the workers (and this computer, by "
@@ -146,20 +150,20 @@ class ResourceStatusBar(QStatusBar):
             return
         needed = estimate_pair_memory(main, draft, n_ctx)
         text = f"Pair needs ≈{format_bytes(needed)} of {format_bytes(free)} free"
-        colour = MUTED_TEXT
+        colour = "muted_text"
         tip = "Estimated from the files' sizes and the KV cache of the chosen context size."
         if needed > free:
             text = (
                 f"Not enough memory: pair needs ≈{format_bytes(needed)}, {format_bytes(free)} free"
             )
-            colour = BAD
+            colour = "bad"
             tip += " Loading would swap or fail: choose smaller models or a smaller context."
         elif needed > TIGHT_MEMORY_SHARE * free:
             text += " (tight)"
-            colour = WARN
+            colour = "warn"
             tip += " Close other programs before loading."
         self.estimate_label.setText(text)
-        self.estimate_label.setStyleSheet(f"color: {colour.name()}")
+        keep_styled(self.estimate_label, text_colour(colour))
         self.estimate_label.setToolTip(tip)
 
     def _update_memory(self) -> None:

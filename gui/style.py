@@ -1,25 +1,122 @@
-"""Colours, fonts and intervals the window's parts share, declared once."""
+"""Colours, fonts and intervals the window's parts share, declared once.
+
+The colours come in a light and a dark set (:data:`LIGHT`, :data:`DARK`); the window's
+parts read the one in use, :func:`colours`, when they format or paint, and
+:mod:`gui.theme` switches it with the app's palette.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from PySide6.QtGui import QColor, QFont, QFontDatabase
 
-# LM Studio's convention: accepted draft tokens on a green background, the main model's own
-# tokens unmarked.
-DRAFT_BACKGROUND = QColor("#c6efce")
-DRAFT_BACKGROUND_IN_CODE = QColor("#b5e4bf")
-# Tokens a grammar (Structured output) allowed alone: checked without drafting, on blue.
-GRAMMAR_BACKGROUND = QColor("#dbe6fb")
-GRAMMAR_BACKGROUND_IN_CODE = QColor("#c9d8f5")
-CODE_BACKGROUND = QColor("#f2f3f5")
-USER_BUBBLE_BACKGROUND = QColor("#e8f0fe")
-MUTED_TEXT = QColor("#6b7280")
-ERROR_TEXT = QColor("#b42318")
-GOOD = QColor("#1a7f37")
-WARN = QColor("#b7791f")
-BAD = QColor("#b42318")
-# Light grey for borders, meter tracks and selected rows.
-SUBTLE_LINE = QColor("#e5e7eb")
+
+@dataclass(frozen=True)
+class Colours:
+    """The window's own colours (the rest comes from the app's palette)."""
+
+    dark: bool
+    # LM Studio's convention: accepted draft tokens on a green background, the main
+    # model's own tokens unmarked.
+    draft_background: QColor
+    draft_background_in_code: QColor
+    # Tokens a grammar (Structured output) allowed alone: checked without drafting, on blue.
+    grammar_background: QColor
+    grammar_background_in_code: QColor
+    code_background: QColor
+    code_style: str  # the Pygments style the code colours come from
+    link_text: QColor
+    user_bubble_background: QColor
+    user_bubble_border: QColor
+    label_text: QColor  # a message's "You" / "Assistant"
+    title_text: QColor  # a chat's title in the chat list
+    hover_background: QColor
+    card_background: QColor  # the sidebar's model cards
+    card_border: QColor
+    error_background: QColor
+    answer_background: QColor  # the comparison's answer columns
+    muted_text: QColor
+    error_text: QColor
+    good: QColor
+    warn: QColor
+    bad: QColor
+    # For borders, meter tracks and selected rows.
+    subtle_line: QColor
+    empty_bar: QColor  # a meter bar's unfilled part
+    value_text: QColor  # figures painted on the meter
+
+
+LIGHT = Colours(
+    dark=False,
+    draft_background=QColor("#c6efce"),
+    draft_background_in_code=QColor("#b5e4bf"),
+    grammar_background=QColor("#dbe6fb"),
+    grammar_background_in_code=QColor("#c9d8f5"),
+    code_background=QColor("#f2f3f5"),
+    code_style="default",
+    link_text=QColor("#0b63c5"),
+    user_bubble_background=QColor("#e8f0fe"),
+    user_bubble_border=QColor("#d2e3fc"),
+    label_text=QColor("#374151"),
+    title_text=QColor("#111827"),
+    hover_background=QColor("#f3f4f6"),
+    card_background=QColor("#f7f7f8"),
+    card_border=QColor("#e4e4e7"),
+    error_background=QColor("#fef3f2"),
+    answer_background=QColor("#ffffff"),
+    muted_text=QColor("#6b7280"),
+    error_text=QColor("#b42318"),
+    good=QColor("#1a7f37"),
+    warn=QColor("#b7791f"),
+    bad=QColor("#b42318"),
+    subtle_line=QColor("#e5e7eb"),
+    empty_bar=QColor("#c4c9d1"),
+    value_text=QColor("#1f2937"),
+)
+
+# Backgrounds a few steps apart on a near-black window; text and signal colours lighter,
+# so that each keeps its contrast (the draft's green stays green under bright code colours).
+DARK = Colours(
+    dark=True,
+    draft_background=QColor("#1f5130"),
+    draft_background_in_code=QColor("#245a37"),
+    grammar_background=QColor("#1f3a63"),
+    grammar_background_in_code=QColor("#25446f"),
+    code_background=QColor("#2b2d31"),
+    code_style="github-dark",
+    link_text=QColor("#6cb6ff"),
+    user_bubble_background=QColor("#1f2a3d"),
+    user_bubble_border=QColor("#2f4468"),
+    label_text=QColor("#d1d5db"),
+    title_text=QColor("#e5e7eb"),
+    hover_background=QColor("#2b2d31"),
+    card_background=QColor("#26282c"),
+    card_border=QColor("#3a3d42"),
+    error_background=QColor("#3b1d1a"),
+    answer_background=QColor("#1b1c1f"),
+    muted_text=QColor("#9ca3af"),
+    error_text=QColor("#f97066"),
+    good=QColor("#4ac26b"),
+    warn=QColor("#e3b341"),
+    bad=QColor("#f97066"),
+    subtle_line=QColor("#3a3d42"),
+    empty_bar=QColor("#4b5058"),
+    value_text=QColor("#e5e7eb"),
+)
+
+_in_use = [LIGHT]
+
+
+def colours() -> Colours:
+    """The colours in use (light until :func:`gui.theme.apply_theme` says otherwise)."""
+    return _in_use[0]
+
+
+def use_colours(chosen: Colours) -> None:
+    """Make ``chosen`` the colours in use (:mod:`gui.theme` does, with the palette)."""
+    _in_use[0] = chosen
+
 
 DRAFT_TOOLTIP = "Drafted and accepted: the main model verified this token"
 TARGET_TOOLTIP = "Generated by the main model itself"

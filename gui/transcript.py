@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 MessageState = Literal["complete", "streaming", "interrupted", "cancelled", "error"]
 
 
+# In an answer's ``extra``: the ids of the earlier messages its context left out (one run).
+LEFT_OUT_KEY = "left_out"
+
+
 @dataclass(frozen=True)
 class TokenSpan:
     """``length`` characters of an answer produced by one token, and who produced it."""

@@ -37,7 +37,8 @@ from PySide6.QtWidgets import (
 
 from backends.service.tuning import DEFAULT_BUDGET_SECONDS, MIN_BUDGET_SECONDS, winner
 from gui.form_widgets import CalmSpinBox, caption, heading, muted_label
-from gui.style import DRAFT_BACKGROUND, ERROR_TEXT
+from gui.style import colours
+from gui.theme import ERROR_TEXT_STYLE, NO_STYLE, keep_styled
 
 if TYPE_CHECKING:
     from backends.models.draft_verdict import DraftVerdict
@@ -208,7 +209,7 @@ class TuningDialog(QDialog):
             self.drafts.setItem(row, 0, _cell(verdict.draft.path.name, str(verdict.draft.path)))
             verdict_cell = _cell(verdict.title, verdict.summary)
             if verdict.can_draft:
-                verdict_cell.setBackground(DRAFT_BACKGROUND)
+                verdict_cell.setBackground(colours().draft_background)
             self.drafts.setItem(row, 1, verdict_cell)
             self.drafts.setItem(row, 2, _cell(verdict.reason, verdict.reason))
         self.drafts.resizeRowsToContents()
@@ -224,7 +225,7 @@ class TuningDialog(QDialog):
         if running:
             self.progress.setValue(0)
             self.status.setText("Starting…")
-            self.status.setStyleSheet("")
+            keep_styled(self.status, NO_STYLE)
 
     @property
     def running(self) -> bool:
@@ -287,7 +288,7 @@ class TuningDialog(QDialog):
         """A run that ended with an error: the message, in red."""
         self.set_running(False)
         self.status.setText(f"The trials stopped: {message}")
-        self.status.setStyleSheet(f"color: {ERROR_TEXT.name()};")
+        keep_styled(self.status, ERROR_TEXT_STYLE)
 
     # -- reading it (tests, the main window) -------------------------------------------------
 
@@ -309,7 +310,7 @@ class TuningDialog(QDialog):
             tip = row.explanation or row.skipped
             name = _cell(row.label, tip)
             if row is self._winner:
-                name.setBackground(DRAFT_BACKGROUND)
+                name.setBackground(colours().draft_background)
             self.results.setItem(index, 0, name)
             if not row.measured:
                 self.results.setItem(index, 1, _cell(row.skipped, row.skipped))

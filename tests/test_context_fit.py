@@ -48,12 +48,14 @@ def test_truncate_middle_keeps_the_system_prompt_and_first_exchange() -> None:
     fitted = fit_conversation(turns(5), length, 70, "truncate-middle")
     assert contents(fitted.messages) == ["sys", "q0", "a0", "q4", "a4", "q5"]
     assert fitted.dropped == 6  # q1 a1 q2 a2 q3 a3
+    assert fitted.first_dropped == 3  # q1, after sys q0 a0
 
 
 def test_rolling_window_leaves_out_the_oldest_turns() -> None:
     fitted = fit_conversation(turns(5), length, 70, "rolling-window")
     assert contents(fitted.messages) == ["sys", "q3", "a3", "q4", "a4", "q5"]
     assert fitted.dropped == 6
+    assert fitted.first_dropped == 1  # q0
 
 
 def test_what_fits_and_stop_leave_everything() -> None:
@@ -138,6 +140,7 @@ def test_after_a_drop_the_answer_is_plain_decodings_of_the_shortened_chat(
         policy,
     )
     assert fitted.dropped == result.stats.dropped_messages
+    assert fitted.first_dropped == result.stats.dropped_from == 3
     assert contents(fitted.messages)[0] == "You are a helpful assistant."
     assert fitted.messages[1:3] == tuple(chat[1:3])  # the first exchange stays
     smollm_target.truncate(0)

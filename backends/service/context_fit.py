@@ -32,10 +32,15 @@ ANSWER_ROOM_SHARE = 4  # at most a quarter of the context is kept for the answer
 
 @dataclass(frozen=True)
 class FittedConversation:
-    """The conversation to answer, and how many of its messages were left out."""
+    """The conversation to answer, and which of its messages were left out.
+
+    They are always one run: ``dropped`` messages from index ``first_dropped`` of the
+    conversation as given.
+    """
 
     messages: tuple[ChatMessage, ...]
     dropped: int = 0
+    first_dropped: int = 0
 
 
 def parse_policy(text: str) -> ContextPolicy:
@@ -88,10 +93,11 @@ def fit_conversation(
     if policy == "rolling-window":
         kept_head = list(whole[:system])
         turns = [whole[system : starts[0]], *turns] if starts[0] > system else turns
+    first_dropped = len(kept_head)
     dropped = 0
     while turns:
         dropped += len(turns.pop(0))
         candidate = (*kept_head, *(m for turn in turns for m in turn), *tail)
         if prompt_length(candidate) <= limit:
-            return FittedConversation(candidate, dropped)
-    return FittedConversation((*kept_head, *tail), dropped)
+            return FittedConversation(candidate, dropped, first_dropped)
+    return FittedConversation((*kept_head, *tail), dropped, first_dropped)

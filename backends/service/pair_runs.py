@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from backends.engines.interface import ChatMessage, ModelEngine
-    from backends.service.context_fit import ContextPolicy
+    from backends.service.context_fit import ContextPolicy, FittedConversation
     from backends.service.protocol import RunKind
     from backends.speculation.methods import SpeculationMethod
     from backends.speculation.planner import CostCache
@@ -123,7 +123,7 @@ def answer(
         if cancel is not None and cancel.is_set():
             break
         main.truncate(min(start, len(main.cached_tokens)))
-        results[run] = _stream(run, decoder, prompt, settings, observer, cancel, fitted.dropped)
+        results[run] = _stream(run, decoder, prompt, settings, observer, cancel, fitted)
     comparison = None
     if compare and len(results) == 2:
         comparison = Comparison(
@@ -139,7 +139,7 @@ def _stream(
     settings: GenerationSettings,
     observer: RunObserver | None,
     cancel: threading.Event | None,
-    dropped: int = 0,
+    fitted: FittedConversation | None = None,
 ) -> GenerationResult:
     if observer is not None:
         observer.run_started(run, len(prompt))
@@ -148,7 +148,9 @@ def _stream(
     for update in decoder.generate(prompt, settings, cancel):
         tokens.extend(update.tokens)
         stats = update.stats
-        stats.dropped_messages = dropped
+        if fitted is not None:
+            stats.dropped_messages = fitted.dropped
+            stats.dropped_from = fitted.first_dropped
         if observer is not None:
             observer.round_done(run, update)
         if update.finished:

@@ -126,8 +126,10 @@ class SpeculationStats:
     generated_tokens: int = 0
     rounds: int = 0
     # Earlier messages of the conversation left out to fit the context (the window's
-    # context overflow policy; backends/service/context_fit.py).
+    # context overflow policy; backends/service/context_fit.py): this many, one run from
+    # index dropped_from of the messages as sent.
     dropped_messages: int = 0
+    dropped_from: int = 0
     total_draft_tokens_count: int = 0
     accepted_draft_tokens_count: int = 0
     rejected_draft_tokens_count: int = 0

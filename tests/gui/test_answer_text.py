@@ -17,7 +17,7 @@ from gui.answer_text import (
     text_runs,
 )
 from gui.markdown_layout import answer_layout, part_starts, rendered_runs
-from gui.style import DRAFT_BACKGROUND_IN_CODE
+from gui.style import colours
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -194,7 +194,7 @@ def test_code_is_highlighted_under_the_draft_green(qtbot: QtBot) -> None:
     name = format_of(document, "f():")
     assert keyword.foreground().color() != name.foreground().color()  # Pygments' colours
     assert keyword.fontWeight() == QFont.Weight.Bold
-    assert keyword.background().color() == DRAFT_BACKGROUND_IN_CODE  # and the origin's
+    assert keyword.background().color() == colours().draft_background_in_code  # and the origin's
     assert origin_of(keyword) is D
     assert origin_of(name) is T
     assert name.background().style().name == "NoBrush"

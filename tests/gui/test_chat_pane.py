@@ -15,14 +15,8 @@ from PySide6.QtWidgets import QApplication, QToolTip
 from backends.speculation.types import EmittedToken, SpeculationStats, TokenOrigin
 from gui.answer_text import CODE_PADDING
 from gui.chat_format import MAX_COLUMN_WIDTH
-from gui.chat_pane import ChatPane
-from gui.style import (
-    CODE_BACKGROUND,
-    DRAFT_TOOLTIP,
-    ERROR_TEXT,
-    TARGET_TOOLTIP,
-    monospace_font,
-)
+from gui.chat_pane import ChatPane, left_out_note
+from gui.style import DRAFT_TOOLTIP, TARGET_TOOLTIP, colours, monospace_font
 from gui.transcript import MessageRecord, spans_from_tokens
 from tests.gui.conftest import shown_on, shown_runs, shown_text
 from tests.gui.test_main_window import MAX_EVENT_LOOP_STALL_MS
@@ -312,7 +306,7 @@ def test_footer_of_stopped_interrupted_and_failed_answers(pane: ChatPane) -> Non
     stream(pane, [("Partial", T)])
     pane.finish_answer(None, "error", "engine crashed")
     assert pane.footer_text() == "Error: engine crashed"
-    assert answer_formats(pane, "engine crashed")[0].foreground().color() == ERROR_TEXT
+    assert answer_formats(pane, "engine crashed")[0].foreground().color() == colours().error_text
 
     stream(pane, [("No drafts here", T)])
     pane.finish_answer(make_stats(total_draft_tokens_count=0, accepted_draft_tokens_count=0))
@@ -509,9 +503,9 @@ def test_code_block_sits_in_a_painted_box(pane: ChatPane) -> None:
     image = pane.browser.viewport().grab().toImage()
 
     code = point_inside(pane, "def add", offset=0)
-    assert image.pixelColor(code.x() - CODE_PADDING // 2, code.y()) == CODE_BACKGROUND
+    assert image.pixelColor(code.x() - CODE_PADDING // 2, code.y()) == colours().code_background
     prose = point_inside(pane, "Done", offset=0)
-    assert image.pixelColor(prose.x() - CODE_PADDING // 2, prose.y()) != CODE_BACKGROUND
+    assert image.pixelColor(prose.x() - CODE_PADDING // 2, prose.y()) != colours().code_background
 
 
 def test_wide_windows_keep_a_readable_column(pane: ChatPane, qtbot: QtBot) -> None:
@@ -692,3 +686,32 @@ def test_the_footer_says_how_many_messages_were_left_out(pane: ChatPane) -> None
     stream(pane, MIXED)
     pane.finish_answer(make_stats(dropped_messages=4))
     assert pane.footer_text().endswith("4 earlier messages left out to fit the context")
+
+
+def test_a_line_says_where_the_last_answers_context_left_messages_out(pane: ChatPane) -> None:
+    exchanges = [("First question", "First answer"), ("Second", "Two"), ("Third", "Three")]
+    records = []
+    for number, (question, reply) in enumerate(exchanges):
+        records.append(MessageRecord("user", question, message_id=2 * number + 1))
+        records.append(MessageRecord("assistant", reply, message_id=2 * number + 2))
+    pane.set_messages(records)
+    pane.append_user_message("Fourth", message_id=7)
+    stream(pane, [("Four", T)])
+    pane.finish_answer(make_stats(dropped_messages=2), left_out=[3, 4])
+    shown = pane.document.toPlainText()
+    note = left_out_note(2)
+    assert shown.index("First answer") < shown.index(note) < shown.index("Second")
+    assert pane.records()[-1].extra["left_out"] == [3, 4]
+    # The next answer left nothing out: the note goes.
+    pane.append_user_message("Fifth", message_id=9)
+    stream(pane, [("Five", T)])
+    pane.finish_answer(make_stats())
+    assert "left out of the last answer's context" not in pane.document.toPlainText()
+    assert pane.answer_source() == "Five"
+    # A stored chat whose last answer left messages out shows the note where they begin.
+    stored = [*records, MessageRecord("assistant", "Again", extra={"left_out": [1, 2, 3]})]
+    pane.set_messages(stored)
+    shown = pane.document.toPlainText()
+    assert shown.index(left_out_note(3)) < shown.index("First question")
+    assert left_out_note(3).startswith("The next 3 messages were left out")
+    assert left_out_note(1).startswith("The next 1 message was left out")

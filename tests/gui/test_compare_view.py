@@ -12,15 +12,7 @@ from PySide6.QtWidgets import QApplication, QLabel, QToolTip
 from backends.speculation.types import EmittedToken, SpeculationStats, TokenOrigin
 from gui.answer_text import CODE_PADDING, AnswerBrowser, is_code_line
 from gui.compare_view import GRAMMAR_LEGEND_TEXT, LEGEND_OFF_TEXT, LEGEND_TEXT, CompareView
-from gui.style import (
-    BAD,
-    CODE_BACKGROUND,
-    DRAFT_TOOLTIP,
-    GOOD,
-    GRAMMAR_BACKGROUND,
-    GRAMMAR_TOOLTIP,
-    WARN,
-)
+from gui.style import DRAFT_TOOLTIP, GRAMMAR_TOOLTIP, colours
 
 if TYPE_CHECKING:
     from pytestqt.qtbot import QtBot
@@ -147,9 +139,9 @@ def test_fenced_code_gets_a_code_block(qtbot: QtBot, view: CompareView) -> None:
     assert mono.fixedPitch()
     image = browser.viewport().grab().toImage()
     code = point_inside(browser, "x = ")
-    assert image.pixelColor(code.x() - CODE_PADDING // 2, code.y()) == CODE_BACKGROUND
+    assert image.pixelColor(code.x() - CODE_PADDING // 2, code.y()) == colours().code_background
     prose = point_inside(browser, "Done")
-    assert image.pixelColor(prose.x() - CODE_PADDING // 2, prose.y()) != CODE_BACKGROUND
+    assert image.pixelColor(prose.x() - CODE_PADDING // 2, prose.y()) != colours().code_background
 
 
 def assert_tooltip(qtbot: QtBot, browser: AnswerBrowser, needle: str, expected: str) -> None:
@@ -230,17 +222,17 @@ def badge_style(view: CompareView) -> str:
 def test_speedup_banner_and_identical_badge(view: CompareView) -> None:
     view.set_result(1.42, True)
     assert view.speedup_text() == "1.42× faster with speculation"
-    assert GOOD.name() in banner_style(view)
+    assert colours().good.name() in banner_style(view)
     assert view.badge_text() == "Identical text"
-    assert GOOD.name() in badge_style(view)
+    assert colours().good.name() in badge_style(view)
 
 
 def test_slower_banner_and_different_badge(view: CompareView) -> None:
     view.set_result(0.91, False)
     assert view.speedup_text() == "0.91×: speculation was slower here"
-    assert WARN.name() in banner_style(view)
+    assert colours().warn.name() in banner_style(view)
     assert view.badge_text() == "Texts differ"
-    assert BAD.name() in badge_style(view)
+    assert colours().bad.name() in badge_style(view)
 
 
 def test_no_badge_when_identity_is_unknown(view: CompareView) -> None:
@@ -298,14 +290,14 @@ def test_grammar_tokens_are_blue_tell_their_origin_and_join_the_legend(
     speculative = answer_browser(view, "speculative")
     assert view.highlighted_text() == "Ada"  # the draft's green
     cursor = speculative.document().find("name")
-    assert cursor.charFormat().background().color() == GRAMMAR_BACKGROUND
+    assert cursor.charFormat().background().color() == colours().grammar_background
     assert speculative.origin_at(point_inside(speculative, "name")) is g
     assert_tooltip(qtbot, speculative, "name", GRAMMAR_TOOLTIP)
     assert legend.text() == GRAMMAR_LEGEND_TEXT
     view.set_visualize_drafts(False)
     assert legend.text() == LEGEND_OFF_TEXT
     assert speculative.document().find("name").charFormat().background().color() != (
-        GRAMMAR_BACKGROUND
+        colours().grammar_background
     )
     view.set_visualize_drafts(True)
     view.begin("auto")  # the next answer: no grammar until its stats say so

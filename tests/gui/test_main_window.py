@@ -15,6 +15,7 @@ from PySide6.QtTest import QTest
 from backends.service.protocol import LoadRequest
 from backends.speculation.types import TokenOrigin
 from gui.chat_store import ChatStore
+from gui.chat_pane import left_out_note
 from gui.main_window import READY_CHAT_HINT, MainWindow, MessageInput
 from gui.settings import AppSettings
 from gui.transcript import MessageRecord
@@ -437,6 +438,12 @@ def test_a_prompt_beyond_the_context_is_an_error_in_the_chat(
         assert _ask(qtbot, window, "word " * 200) == "complete"
     footer = window.chat.footer_text()
     assert "2 earlier messages left out to fit the context" in footer, footer
+    # And a line in the chat says where: before the first long question (after "Hi" and
+    # its answer, which truncate-middle keeps).
+    shown = window.chat.document.toPlainText()
+    note = shown.index(left_out_note(2))
+    assert shown.index("Hi") < note < shown.index("word word")
+    assert shown.count(left_out_note(2)) == 1
     window.shutdown()
 
 
