@@ -42,6 +42,7 @@ import hashlib
 import re
 import socket
 import threading
+import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -829,3 +830,30 @@ def point_client_at(standin: HubStandin, home: Path, monkeypatch: pytest.MonkeyP
         if hasattr(constants, name):
             monkeypatch.setattr(constants, name, value)
     monkeypatch.setattr(hf_api.api, "endpoint", standin.endpoint)
+
+
+class RecordedSleeps:
+    """Stands in for the ``time`` module of ``huggingface_hub.file_download``: the pause before
+    each resume attempt (1 s in 2.4.0) returns at once and is recorded; the rest is ``time``'s."""
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.calls.append(seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def instant_client_retries(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Make ``hf_hub_download``'s retries of a broken body immediate; returns the pauses skipped.
+
+    ``http_get`` retries a body that fails (connection lost, read timeout) up to 5 times, after
+    ``time.sleep(1)`` each: without this a test of a failing download takes over 5 s.
+    """
+    from huggingface_hub import file_download
+
+    sleeps = RecordedSleeps()
+    monkeypatch.setattr(file_download, "time", sleeps)
+    return sleeps.calls

@@ -292,7 +292,41 @@ def _read_model_info_uncached(path: Path) -> ModelInfo:
         for shard_path in _other_shard_paths(path, split_count):
             tensors.extend(_read_checked_header(shard_path, decode_tokens=False).tensors)
             file_size += shard_path.stat().st_size
+    return _model_info(path, header, tensors, file_size)
 
+
+class HeaderNeedsMoreBytes(ModelFileError):
+    """The bytes given end inside the GGUF header: read more of the file."""
+
+
+def model_info_from_header(header_bytes: bytes, path: Path, file_size: int) -> ModelInfo:
+    """A GGUF model's metadata from the first bytes of its file (read over HTTP, say).
+
+    ``path`` names the file in messages (and in the ModelInfo); ``file_size`` is the whole
+    file's. A split model's parameter count is its first shard's. Raises
+    HeaderNeedsMoreBytes where ``header_bytes`` end inside the header, and ModelFileError
+    (one line) as :func:`read_model_info` does for what is not a language model.
+    """
+    try:
+        _check_magic(path, header_bytes[: len(_MAGIC_BYTES)], file_size)
+        header = _parse_header(header_bytes, decode_tokens=True)
+    except _TruncatedHeader:
+        raise HeaderNeedsMoreBytes(
+            f"'{path}': the GGUF header goes on past its first {_format_bytes(len(header_bytes))}"
+        ) from None
+    except _CorruptFile as error:
+        raise ModelFileError(_corrupt(path, str(error))) from None
+    except (struct.error, ValueError, IndexError, OverflowError, MemoryError) as error:
+        raise ModelFileError(_corrupt(path, f"{type(error).__name__}: {error}")) from None
+    _reject_non_models(path, header.metadata)
+    return _model_info(path, header, list(header.tensors), file_size)
+
+
+def _model_info(
+    path: Path, header: _Header, tensors: list[TensorInfo], file_size: int
+) -> ModelInfo:
+    """The ModelInfo of a parsed header and the tensors of every shard."""
+    metadata = header.metadata
     architecture = _str_or_none(metadata.get("general.architecture"))
     if not architecture:
         raise ModelFileError(_corrupt(path, "it has no general.architecture key"))
@@ -386,7 +420,7 @@ def _check_magic(path: Path, first_bytes: bytes, file_size: int) -> None:
 class _Cursor:
     """Bounds-checked little-endian reads from a buffer."""
 
-    def __init__(self, buffer: mmap.mmap) -> None:
+    def __init__(self, buffer: mmap.mmap | bytes) -> None:
         self.buffer = buffer
         self.size = len(buffer)
         self.position = 0
@@ -420,7 +454,7 @@ class _Cursor:
         return self.raw_string().decode("utf-8", "replace")
 
 
-def _parse_header(buffer: mmap.mmap, decode_tokens: bool) -> _Header:
+def _parse_header(buffer: mmap.mmap | bytes, decode_tokens: bool) -> _Header:
     cursor = _Cursor(buffer)
     cursor.take(len(_MAGIC_BYTES))
     version = cursor.u32()

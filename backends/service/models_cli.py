@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 PROG = "specdeck-models"
+_MEMORY_OVERHEAD = 1.2  # a model needs about its file's size and a fifth more (context)
 logger = logging.getLogger(__name__)
 
 
@@ -90,7 +91,121 @@ def _build_parser() -> argparse.ArgumentParser:
     import_mlx.add_argument("--out", type=Path, default=None, help="the MLX folder to write")
     import_mlx.add_argument("--bits", type=int, default=4, choices=(4, 8), help="default: 4")
     import_mlx.add_argument("--force", action="store_true", help="replace an existing folder")
+    hub_token = _ArgumentParser(add_help=False)
+    hub_token.add_argument(
+        "--token", default=None, help="a Hugging Face token (default: the one saved by 'login')"
+    )
+    search = commands.add_parser(
+        "search",
+        parents=[common, hub_token],
+        help="search the Hugging Face hub for GGUF (or --mlx) model repos",
+    )
+    search.add_argument("query", metavar="QUERY")
+    search.add_argument("--mlx", action="store_true", help="MLX repos (Apple Silicon)")
+    search.add_argument("--limit", type=int, default=20, help="default: 20")
+    files = commands.add_parser(
+        "files",
+        parents=[common, hub_token],
+        help="a hub repo's GGUF files: quantization, size, whether it fits, draft verdicts",
+        description="List a repo's GGUF files. With --draft-for MAIN.gguf each file's header "
+        "(its first megabytes, not its weights) is read to say whether it can draft for MAIN.",
+    )
+    files.add_argument("repo", metavar="OWNER/REPO")
+    files.add_argument("--draft-for", type=Path, default=None, metavar="MAIN.gguf")
+    download = commands.add_parser(
+        "download",
+        parents=[common, hub_token],
+        help="download a GGUF file from the hub into the models folder (resumes a part)",
+    )
+    download.add_argument("repo", metavar="OWNER/REPO")
+    download.add_argument("filename", metavar="FILE")
+    login = commands.add_parser(
+        "login", parents=[common], help="save a Hugging Face token (gated repos need one)"
+    )
+    login.add_argument("--token", default=None, help="the token (default: asked for)")
     return parser
+
+
+def _run_search(query: str, mlx: bool, limit: int, token: str | None) -> int:
+    from backends.models.hub import search
+
+    repos = search(query, "mlx" if mlx else "llama.cpp", limit=limit, token=token)
+    if not repos:
+        print(f"no {'MLX' if mlx else 'GGUF'} repos match {query!r}", file=sys.stderr)
+        return 0
+    rows = [("REPO", "DOWNLOADS", "LIKES", "ACCESS")]
+    rows += [
+        (repo.repo_id, f"{repo.downloads:,}", f"{repo.likes:,}", "gated" if repo.gated else "open")
+        for repo in repos
+    ]
+    _print_table(rows)
+    return 0
+
+
+def _run_files(repo_id: str, draft_for: Path | None, token: str | None) -> int:
+    import psutil
+
+    from backends.errors import ModelFileError
+    from backends.models.draft_verdict import draft_verdict
+    from backends.models.gguf_info import read_model_info
+    from backends.models.hub import cached_copy, gguf_files, remote_model_info
+
+    main = read_model_info(draft_for) if draft_for is not None else None
+    available = psutil.virtual_memory().available
+    rows = [("FILE", "QUANT", "SIZE", "FITS HERE", *(("AS DRAFT",) if main else ()))]
+    for file in gguf_files(repo_id, token=token):
+        fits = "yes" if file.size * _MEMORY_OVERHEAD < available else "no"
+        if cached_copy(file) is not None:
+            fits += " (in the HF cache)"
+        verdict: tuple[str, ...] = ()
+        if main is not None:
+            try:
+                verdict = (draft_verdict(main, remote_model_info(file, token=token)).summary,)
+            except ModelFileError as error:
+                verdict = (str(error),)
+        rows.append((file.filename, file.quantization, human_size(file.size), fits, *verdict))
+    _print_table(rows)
+    return 0
+
+
+def _run_download(
+    repo_id: str, filename: str, token: str | None, models_folder: Path | None
+) -> int:
+    from backends.models.hub import download, gguf_files
+    from backends.models.provision import ProvisionProgress
+    from backends.paths import models_dir
+
+    chosen = [file for file in gguf_files(repo_id, token=token) if file.filename == filename]
+    if not chosen:
+        raise ProvisioningError(f"{repo_id} has no GGUF file {filename!r} (see: {PROG} files)")
+    file = chosen[0]
+    bar = TextProgressBar(sys.stderr)
+
+    def show(done: int, total: int) -> None:
+        bar(ProvisionProgress(filename, "download", done, total, f"downloading {filename}"))
+
+    try:
+        path = download(file, models_folder or models_dir(), progress=show, token=token)
+    finally:
+        bar.finish()
+    print(path)
+    return 0
+
+
+def _run_login(token: str | None) -> int:
+    import getpass
+
+    from huggingface_hub import login
+
+    login(token=token or getpass.getpass("Hugging Face token: "), add_to_git_credential=False)
+    return 0
+
+
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]))
 
 
 def _run_import_mlx(
@@ -148,10 +263,7 @@ def _run_list(models_folder: Path | None) -> int:
                 str(model_path(key, models_folder)),
             )
         )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
-    for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        print("  ".join([*cells, row[-1]]))
+    _print_table(rows)
     return 0
 
 
@@ -173,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     """The ``specdeck-models`` command; returns its exit status.
 
     ``fetch [KEY ...] [--all] [--default-pair]``, ``list``, ``path KEY``,
-    ``import-mlx KEY|PATH [--out DIR] [--bits 4|8] [--force]``. Errors are one line
+    ``import-mlx KEY|PATH [--out DIR] [--bits 4|8] [--force]``; from the Hugging Face hub:
+    ``search QUERY [--mlx]``, ``files REPO [--draft-for MAIN.gguf]``,
+    ``download REPO FILE``, ``login``. Errors are one line
     on stderr and exit status 1, never a traceback.
     """
     try:
@@ -193,6 +307,14 @@ def main(argv: list[str] | None = None) -> int:
             return _run_fetch(keys, models_folder)
         if args.command == "list":
             return _run_list(models_folder)
+        if args.command == "search":
+            return _run_search(args.query, args.mlx, args.limit, args.token)
+        if args.command == "files":
+            return _run_files(args.repo, args.draft_for, args.token)
+        if args.command == "download":
+            return _run_download(args.repo, args.filename, args.token, models_folder)
+        if args.command == "login":
+            return _run_login(args.token)
         if args.command == "import-mlx":
             return _run_import_mlx(args.source, args.out, args.bits, args.force, models_folder)
         return _run_path(args.key, models_folder)

@@ -1,0 +1,384 @@
+"""Models from the Hugging Face hub: search, a repo's files, a draft verdict from a header.
+
+Built on ``huggingface_hub``, the hub's own client: its search, its file listings with
+sizes and LFS SHA-256, its resumable downloads and its cache and token. What SpecDeck adds:
+
+- :func:`remote_model_info` reads only a GGUF file's header (its metadata and the whole
+  vocabulary, the first few megabytes) with HTTP range requests, so that
+  :func:`backends.models.draft_verdict.draft_verdict` can judge a draft of gigabytes
+  before a byte of its weights is fetched;
+- :func:`download` puts a file into SpecDeck's models folder (resumed after a pause, a
+  crash or a lost connection from the client's ``.incomplete`` file, which no catalog
+  lists), checks it against the hub's SHA-256 and uses a copy already in the Hugging
+  Face cache where it lies;
+- every failure (no network, a DNS failure, a gated or missing repo, a stalled
+  connection, a full disk) is a :class:`HubError` of one line.
+
+The endpoint is ``HF_ENDPOINT`` when set (read at each call, so a test's stand-in hub
+works), else the hub.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from backends.errors import ProvisioningError
+from backends.models.gguf_info import HeaderNeedsMoreBytes, ModelInfo, model_info_from_header
+
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Callable, Iterator
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+HEADER_FIRST_READ = 2 << 20  # bytes: a small vocabulary's whole header
+HEADER_MAX_READ = 64 << 20  # a header longer than this is not read (none seen is over 10 MB)
+TIMEOUT_SECONDS = 20.0  # for each request's connection and each read of it
+HASH_CHUNK = 8 << 20
+PART_SUFFIX = ".part"  # a download under way: what arrived so far (no catalog lists it)
+
+HubEngine = Literal["llama.cpp", "mlx"]
+# The hub's tag for each engine's files.
+ENGINE_TAGS: dict[HubEngine, str] = {"llama.cpp": "gguf", "mlx": "mlx"}
+# "Q4_K_M", "IQ2_XXS", "F16", "BF16", "Q8_0" in a GGUF file's name.
+_QUANTIZATION_PATTERN = re.compile(
+    r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4)(?![A-Za-z0-9])", re.IGNORECASE
+)
+_LATER_SHARD_PATTERN = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+class HubError(ProvisioningError):
+    """A hub request failed; the message is one line naming what and why."""
+
+
+class DownloadPaused(HubError):
+    """A download was paused (or cancelled); what arrived is kept for the next try."""
+
+
+@dataclass(frozen=True)
+class HubRepo:
+    """A model repo found on the hub."""
+
+    repo_id: str
+    downloads: int
+    likes: int
+    gated: bool
+    tags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """A model file of a repo, as the hub lists it."""
+
+    repo_id: str
+    filename: str
+    size: int
+    sha256: str | None  # the LFS SHA-256 (None: a small file kept in git)
+    revision: str | None = None  # the commit the listing was read at
+
+    @property
+    def quantization(self) -> str:
+        """The quantization its name says ("Q4_K_M"), or "" when it says none."""
+        found = _QUANTIZATION_PATTERN.search(Path(self.filename).name)
+        return found.group(1).upper() if found else ""
+
+    @property
+    def hub_path(self) -> Path:
+        """How SpecDeck names the file in messages: ``hf.co/owner/repo/file.gguf``."""
+        return Path("hf.co") / self.repo_id / self.filename
+
+
+def hub_endpoint() -> str:
+    """The hub's address: ``HF_ENDPOINT`` when set, else huggingface.co."""
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def search(
+    query: str, engine: HubEngine = "llama.cpp", *, limit: int = 20, token: str | None = None
+) -> list[HubRepo]:
+    """Repos whose name holds ``query`` and that have ``engine``'s files, most downloaded first."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub_endpoint(), token=token)
+    with _one_line_errors(f"searching the hub for {query!r}"):
+        _check_reachable()
+        found = api.list_models(
+            search=query or None, filter=ENGINE_TAGS[engine], sort="downloads", limit=limit
+        )
+        return [
+            HubRepo(
+                repo_id=model.id,
+                downloads=int(model.downloads or 0),
+                likes=int(model.likes or 0),
+                gated=bool(model.gated),
+                tags=tuple(model.tags or ()),
+            )
+            for model in found
+        ]
+
+
+def _check_reachable() -> None:
+    """Raise at once when the hub cannot be reached.
+
+    The client's search retries a refused connection for 23 s (its back-off) before it
+    gives up; one plain request says so at once.
+    """
+    from huggingface_hub import get_session
+
+    get_session().head(hub_endpoint() + "/api/models", timeout=TIMEOUT_SECONDS)
+
+
+def gguf_files(repo_id: str, *, token: str | None = None) -> list[HubFile]:
+    """The GGUF model files of a repo with their sizes and SHA-256, smallest first.
+
+    A split model is listed once, by its first shard (its size: the first shard's).
+    """
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub_endpoint(), token=token)
+    with _one_line_errors(f"listing {repo_id}"):
+        info = api.model_info(repo_id, files_metadata=True)
+    files = []
+    for sibling in info.siblings or ():
+        name = sibling.rfilename
+        if not name.lower().endswith(".gguf"):
+            continue
+        shard = _LATER_SHARD_PATTERN.search(name)
+        if shard is not None and shard.group(1) != "00001":
+            continue
+        lfs = sibling.lfs
+        files.append(
+            HubFile(
+                repo_id=repo_id,
+                filename=name,
+                size=int(sibling.size or (lfs.size if lfs else 0)),
+                sha256=lfs.sha256 if lfs else None,
+                revision=info.sha,
+            )
+        )
+    return sorted(files, key=lambda file: (file.size, file.filename))
+
+
+def remote_model_info(file: HubFile, *, token: str | None = None) -> ModelInfo:
+    """A GGUF file's metadata from its header alone, read with HTTP range requests.
+
+    Reads the first 2 MiB, then twice as much each time the header goes on, up to
+    :data:`HEADER_MAX_READ`. Raises HubError (one line) for the network and the hub's
+    refusals, ModelFileError for a file that is not a language model.
+    """
+    from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
+    url = hf_hub_url(file.repo_id, file.filename, revision=file.revision, endpoint=hub_endpoint())
+    headers = build_hf_headers(token=token)
+    data = b""
+    wanted = HEADER_FIRST_READ
+    while True:
+        with _one_line_errors(f"reading the header of {file.hub_path}"):
+            response = get_session().get(
+                url,
+                headers={**headers, "Range": f"bytes={len(data)}-{wanted - 1}"},
+                follow_redirects=True,
+                timeout=TIMEOUT_SECONDS,
+            )
+            hf_raise_for_status(response)
+        if response.status_code != 206 and len(data) == 0 and len(response.content) > wanted:
+            raise HubError(f"the hub sent all of {file.hub_path} when asked for its header")
+        data += response.content
+        try:
+            return model_info_from_header(data, file.hub_path, file.size)
+        except HeaderNeedsMoreBytes:
+            if len(data) < wanted or wanted >= HEADER_MAX_READ:
+                raise HubError(
+                    f"the header of {file.hub_path} is longer than "
+                    f"{HEADER_MAX_READ >> 20} MiB or the file ends inside it"
+                ) from None
+            wanted *= 2
+
+
+def cached_copy(file: HubFile) -> Path | None:
+    """The file in the Hugging Face cache (used where it lies), if a whole copy is there.
+
+    The cache keeps an LFS file under its SHA-256, so a copy whose name is another hash is
+    not this file.
+    """
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(file.repo_id, file.filename, revision=file.revision)
+    if not isinstance(found, str):
+        return None
+    path = Path(found)
+    if file.sha256 is not None and path.resolve().name != file.sha256:
+        return None
+    return path if path.is_file() and path.stat().st_size == file.size else None
+
+
+def download_folder(models_dir: Path, repo_id: str) -> Path:
+    """Where a repo's files go in SpecDeck's models folder."""
+    return models_dir / "hub" / repo_id.replace("/", "--")
+
+
+def download(
+    file: HubFile,
+    models_dir: Path,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    cancel: threading.Event | None = None,
+    token: str | None = None,
+) -> Path:
+    """The file on this machine: the Hugging Face cache's copy, else downloaded.
+
+    A download goes to :func:`download_folder`, first as ``NAME.part`` (never listed as
+    a model), with ``progress(done, total)`` as bytes arrive; ``cancel`` set pauses it
+    (DownloadPaused). What arrived stays, so the next call resumes from there, after a
+    pause, a lost connection or a crash. The whole file is checked against the hub's
+    SHA-256 before it takes its name; one that differs is deleted (HubError).
+    """
+    cached = cached_copy(file)
+    if cached is not None:
+        logger.info("%s: using the Hugging Face cache's copy at %s", file.hub_path, cached)
+        return cached
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
+    target = download_folder(models_dir, file.repo_id) / file.filename
+    if target.is_file() and target.stat().st_size == file.size:
+        return target  # checked when it arrived
+    part = target.with_name(target.name + PART_SUFFIX)
+    endpoint = hub_endpoint()
+    url = hf_hub_url(file.repo_id, file.filename, revision=file.revision, endpoint=endpoint)
+    with _one_line_errors(f"downloading {file.hub_path}"):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        metadata = get_hf_file_metadata(url, token=token, timeout=TIMEOUT_SECONDS)
+        # The hub's token goes to the hub only, not to the CDN it redirects to.
+        location = metadata.location or url
+        headers = build_hf_headers(token=token) if location.startswith(endpoint) else {}
+        with part.open("ab") as stream:
+            if stream.tell() > file.size:  # not this file's start: begin again
+                stream.truncate(0)
+            http_get(
+                location,
+                stream,
+                resume_size=stream.tell(),
+                headers=headers,
+                expected_size=file.size,
+                displayed_filename=file.filename,
+                tqdm_class=_progress_class(progress, cancel),
+            )
+    if file.sha256 is not None:
+        actual = file_sha256(part, cancel)
+        if actual != file.sha256:
+            part.unlink(missing_ok=True)
+            raise HubError(
+                f"{file.hub_path} arrived corrupt: its SHA-256 is {actual[:12]}…, the hub's "
+                f"{file.sha256[:12]}… (deleted; download it again)"
+            )
+    part.replace(target)
+    return target
+
+
+def file_sha256(path: Path, cancel: threading.Event | None = None) -> str:
+    """The SHA-256 of a file, read in chunks (DownloadPaused if ``cancel`` is set)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(HASH_CHUNK):
+            if cancel is not None and cancel.is_set():
+                raise DownloadPaused(f"checking {path.name} was stopped")
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _progress_class(
+    progress: Callable[[int, int], None] | None, cancel: threading.Event | None
+) -> type[Any]:
+    """A tqdm class for the client's download that reports to ``progress`` and pauses."""
+    from tqdm import tqdm
+
+    base: type[tqdm[Any]] = tqdm  # generic in its type stubs only
+
+    class _Progress(base):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True  # no terminal bar: ``progress`` says it
+            super().__init__(*args, **kwargs)
+            # A disabled bar counts nothing itself; a resumed download starts at ``initial``.
+            self.done = int(kwargs.get("initial") or 0)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if cancel is not None and cancel.is_set():
+                raise DownloadPaused("paused")
+            self.done += int(n or 0)
+            if progress is not None and self.total:
+                progress(self.done, int(self.total))
+            return None
+
+    return _Progress
+
+
+@contextmanager
+def _one_line_errors(doing: str) -> Iterator[None]:
+    """Turn the client's and the network's exceptions into one-line HubErrors."""
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        yield
+    except DownloadPaused as paused:
+        raise DownloadPaused(f"{doing}: paused (resumes where it stopped)") from paused
+    except GatedRepoError:
+        raise HubError(
+            f"{doing}: the repo is gated; accept its terms on the hub and log in "
+            "(specdeck-models login, or a token in the Download dialog)"
+        ) from None
+    except RepositoryNotFoundError:
+        raise HubError(f"{doing}: no such repo on the hub (or it is private: log in)") from None
+    except RevisionNotFoundError:
+        raise HubError(f"{doing}: the hub has no such revision") from None
+    except EntryNotFoundError:
+        raise HubError(f"{doing}: the repo has no such file") from None
+    except OfflineModeIsEnabled:
+        raise HubError(f"{doing}: HF_HUB_OFFLINE is set, so the hub is not asked") from None
+    except LocalEntryNotFoundError as error:
+        # The client says so when it could not reach the hub at all.
+        raise HubError(f"{doing}: cannot reach {hub_endpoint()} ({_cause(error)})") from None
+    except HfHubHTTPError as error:
+        status = error.response.status_code if error.response is not None else "?"
+        raise HubError(f"{doing}: the hub answered HTTP {status}") from None
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise HubError(f"{doing}: the disk is full ({error.filename or ''})") from None
+        raise HubError(f"{doing}: {_cause(error)}") from None
+    except Exception as error:
+        # httpx's connection, DNS and timeout errors (the client's own transport).
+        name = type(error).__name__
+        if "Timeout" in name:
+            raise HubError(
+                f"{doing}: the hub did not answer within {TIMEOUT_SECONDS:.0f} s"
+            ) from None
+        if "Connect" in name or "Network" in name or "Protocol" in name or "Read" in name:
+            raise HubError(f"{doing}: cannot reach {hub_endpoint()} ({_cause(error)})") from None
+        raise
+
+
+def _cause(error: BaseException) -> str:
+    """The innermost reason of an error, in one line."""
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return text[:200]

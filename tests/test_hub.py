@@ -1,0 +1,329 @@
+"""Models from the hub (backends/models/hub.py) with the real client against a local stand-in.
+
+The stand-in (tests/hub_standin.py) serves the project's real GGUF files under the hub's
+routes; each test says what it reads over the wire and what a user is told when it fails.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from backends.models import hub
+from backends.models.catalog import scan_models
+from backends.models.draft_verdict import draft_verdict
+from backends.models.gguf_info import read_model_info
+from backends.models.hub import (
+    DownloadPaused,
+    HubError,
+    HubFile,
+    download,
+    download_folder,
+    gguf_files,
+    remote_model_info,
+    search,
+)
+from tests.hub_standin import (
+    HubRepo,
+    HubStandin,
+    instant_client_retries,
+    point_client_at,
+    serve_hub,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+QWEN_DRAFT_REPO = "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF"
+SMOLLM_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+GATED_REPO = "meta-llama/Llama-Gated-GGUF"
+MLX_REPO = "mlx-community/Qwen2.5-Coder-0.5B-Instruct-4bit"
+TOKEN = "hf_standin_token"
+
+
+@pytest.fixture
+def standin(
+    smollm_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[HubStandin]:
+    """The hub with SmolLM2's GGUF, a gated copy of it, and an MLX repo."""
+    with serve_hub(*small_repos(smollm_path, tmp_path)) as running:
+        point_client_at(running, tmp_path / "hf-home", monkeypatch)
+        yield running
+
+
+def small_repos(smollm_path: Path, tmp_path: Path) -> list[HubRepo]:
+    readme = tmp_path / "README.md"
+    readme.write_text("# a model\n")
+    return [
+        HubRepo(SMOLLM_REPO, {smollm_path.name: smollm_path, "README.md": readme}, downloads=500),
+        HubRepo(
+            GATED_REPO,
+            {smollm_path.name: smollm_path},
+            gated="manual",
+            access_tokens=frozenset({TOKEN}),
+            downloads=10,
+        ),
+        HubRepo(MLX_REPO, {"README.md": readme}, tags=("mlx",), library_name="mlx"),
+    ]
+
+
+def smollm_file(standin: HubStandin) -> HubFile:
+    (found,) = gguf_files(SMOLLM_REPO)
+    return found
+
+
+def test_search_finds_each_engines_repos_most_downloaded_first(standin: HubStandin) -> None:
+    found = search("gguf")
+    assert [repo.repo_id for repo in found] == [SMOLLM_REPO, GATED_REPO]
+    assert found[0].downloads == 500
+    assert not found[0].gated
+    assert found[1].gated
+    assert [repo.repo_id for repo in search("qwen", "mlx")] == [MLX_REPO]
+    assert search("no-such-model") == []
+
+
+def test_a_repos_files_come_with_size_hash_and_quantization(
+    standin: HubStandin, smollm_path: Path
+) -> None:
+    (listed,) = gguf_files(SMOLLM_REPO)  # the README is not a model
+    assert listed.filename == smollm_path.name
+    assert listed.size == smollm_path.stat().st_size
+    assert listed.sha256 == standin.blob(SMOLLM_REPO, smollm_path.name).sha256
+    assert listed.quantization == "Q4_1"
+    assert str(listed.hub_path) == f"hf.co/{SMOLLM_REPO}/{smollm_path.name}"
+    named = HubFile("o/r", "sub/qwen2.5-coder-7b-instruct-q4_k_m-00001-of-00002.gguf", 1, None)
+    assert named.quantization == "Q4_K_M"
+    assert HubFile("o/r", "model-IQ2_XXS.gguf", 1, None).quantization == "IQ2_XXS"
+    assert HubFile("o/r", "model-bf16.gguf", 1, None).quantization == "BF16"
+    assert HubFile("o/r", "model.gguf", 1, None).quantization == ""
+
+
+@pytest.mark.default_pair
+def test_the_draft_verdict_comes_from_a_few_megabytes_of_header(
+    qwen_main_path: Path,
+    qwen_draft_path: Path,
+    smollm_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    qwen_repo = HubRepo(QWEN_DRAFT_REPO, {qwen_draft_path.name: qwen_draft_path})
+    with serve_hub(qwen_repo, *small_repos(smollm_path, tmp_path)) as standin:
+        point_client_at(standin, tmp_path / "hf-home", monkeypatch)
+        check_verdicts_from_headers(standin, qwen_main_path, qwen_draft_path)
+
+
+def check_verdicts_from_headers(
+    standin: HubStandin, qwen_main_path: Path, qwen_draft_path: Path
+) -> None:
+    main = read_model_info(qwen_main_path)
+    (draft_file,) = gguf_files(QWEN_DRAFT_REPO)
+    standin.clear_log()
+    remote = remote_model_info(draft_file)
+    local = read_model_info(qwen_draft_path)
+    assert remote.vocab == local.vocab
+    assert remote.parameter_count == local.parameter_count
+    assert remote.file_size == local.file_size
+    verdict = draft_verdict(main, remote)
+    assert verdict.can_draft, verdict.summary
+    assert "same tokenizer (151,936 tokens)" in verdict.reason
+    # Only the header was read: ranged GETs, together a few MB of a 491 MB file.
+    gets = standin.file_gets()
+    assert gets
+    assert all(get.range for get in gets)
+    assert sum(get.body_bytes for get in gets) <= 16 << 20
+    assert draft_file.size > 400 << 20
+
+    # Another tokenizer says by how much, before anything is downloaded.
+    other = remote_model_info(smollm_file(standin))
+    verdict = draft_verdict(main, other)
+    assert verdict.kind == "incompatible"
+    assert "differ" in verdict.reason or "vocabulary" in verdict.reason, verdict.reason
+
+
+def test_a_download_lands_whole_and_checked_and_the_catalog_lists_it(
+    standin: HubStandin, smollm_path: Path, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    seen: list[tuple[int, int]] = []
+    path = download(
+        smollm_file(standin), models, progress=lambda done, total: seen.append((done, total))
+    )
+    assert path.parent == download_folder(models, SMOLLM_REPO)
+    assert path.read_bytes() == smollm_path.read_bytes()
+    assert seen[-1] == (smollm_path.stat().st_size, smollm_path.stat().st_size)
+    assert [info.path for info in scan_models([models]).models] == [path]
+
+
+def test_a_lost_connection_leaves_no_model_and_the_next_try_resumes(
+    standin: HubStandin, smollm_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    instant_client_retries(monkeypatch)
+    models = tmp_path / "models"
+    file = smollm_file(standin)
+    half = file.size // 2
+    standin.cut_after_bytes = half  # every try ends there
+    with pytest.raises(HubError, match="downloading hf.co/.*SmolLM2"):
+        download(file, models)
+    assert scan_models([models]).models == ()  # the part is never listed as a model
+    standin.reset_faults()
+    standin.clear_log()
+    path = download(file, models)
+    assert hub.file_sha256(path) == file.sha256
+    (resumed,) = standin.file_gets()
+    # From what the part file holds: the client writes in 10 MiB pieces.
+    assert resumed.range is not None
+    start = int(resumed.range.removeprefix("bytes=").rstrip("-"))
+    assert 0 < start <= half
+
+
+def test_pause_stops_at_once_and_resume_goes_on_from_there(
+    standin: HubStandin, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    file = smollm_file(standin)
+    pause = threading.Event()
+
+    def pause_after_some(done: int, _total: int) -> None:
+        if done >= 10 << 20:
+            pause.set()
+
+    with pytest.raises(DownloadPaused, match="paused"):
+        download(file, models, progress=pause_after_some, cancel=pause)
+    assert scan_models([models]).models == ()
+    standin.clear_log()
+    seen: list[int] = []
+    path = download(file, models, progress=lambda done, _total: seen.append(done))
+    assert hub.file_sha256(path) == file.sha256
+    (resumed,) = standin.file_gets()
+    assert resumed.range is not None
+    assert resumed.range.startswith("bytes=")
+    start = int(resumed.range.removeprefix("bytes=").rstrip("-"))
+    assert start >= 10 << 20
+    assert seen[0] > start  # progress goes on from where it stopped
+
+
+def test_a_corrupted_file_is_caught_by_its_hash_and_deleted(
+    standin: HubStandin, tmp_path: Path
+) -> None:
+    standin.corrupt = True
+    models = tmp_path / "models"
+    with pytest.raises(HubError, match="arrived corrupt: its SHA-256 is .* the hub's"):
+        download(smollm_file(standin), models)
+    assert scan_models([models]).models == ()
+
+
+def test_a_copy_in_the_hugging_face_cache_is_used_where_it_lies(
+    standin: HubStandin, tmp_path: Path
+) -> None:
+    from huggingface_hub import hf_hub_download
+
+    file = smollm_file(standin)
+    cached = hf_hub_download(SMOLLM_REPO, file.filename)  # the standard cache
+    standin.clear_log()
+    models = tmp_path / "models"
+    assert download(file, models) == type(models)(cached)
+    assert standin.file_gets() == []
+    assert not models.exists()
+
+
+def test_a_gated_repo_asks_to_log_in_and_a_token_opens_it(
+    standin: HubStandin, tmp_path: Path
+) -> None:
+    (file,) = gguf_files(GATED_REPO)  # its listing is public
+    with pytest.raises(HubError, match="gated; accept its terms on the hub and log in"):
+        remote_model_info(file)
+    with pytest.raises(HubError, match="gated"):
+        download(file, tmp_path / "models")
+    assert remote_model_info(file, token=TOKEN).vocab.size == 49152
+
+
+def test_a_missing_repo_or_file_is_one_line(standin: HubStandin) -> None:
+    with pytest.raises(HubError, match="listing nobody/nothing: no such repo on the hub"):
+        gguf_files("nobody/nothing")
+    missing = HubFile(SMOLLM_REPO, "absent.gguf", 10, None)
+    with pytest.raises(HubError, match="the repo has no such file"):
+        remote_model_info(missing)
+
+
+def test_a_stalled_connection_times_out(
+    standin: HubStandin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hub, "TIMEOUT_SECONDS", 0.5)
+    file = smollm_file(standin)
+    standin.stall_seconds = 30
+    with pytest.raises(HubError, match="did not answer within"):
+        remote_model_info(file)
+
+
+def test_no_network_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on port 9
+    with pytest.raises(HubError, match=r"cannot reach http://127.0.0.1:9"):
+        search("qwen")
+    monkeypatch.setenv("HF_ENDPOINT", "http://no-such-host.invalid")
+    with pytest.raises(HubError, match="cannot reach http://no-such-host.invalid"):
+        gguf_files(SMOLLM_REPO)
+
+
+def test_a_full_disk_is_one_line() -> None:
+    with (
+        pytest.raises(HubError, match=r"downloading x: the disk is full \(/m/x.gguf\)"),
+        hub._one_line_errors("downloading x"),
+    ):
+        raise OSError(errno.ENOSPC, "No space left on device", "/m/x.gguf")
+
+
+def run_models_cli(standin: HubStandin, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``specdeck-models`` in a process of its own, pointed at the stand-in."""
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": standin.endpoint,
+        "HF_HOME": str(home),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "backends.service.models_cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_command_line_searches_lists_with_verdicts_and_downloads(
+    standin: HubStandin, smollm_path: Path, gemma_path: Path, tmp_path: Path
+) -> None:
+    home = tmp_path / "cli-home"
+    found = run_models_cli(standin, home, "search", "gguf")
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.splitlines()[1].split()[:2] == [SMOLLM_REPO, "500"]
+
+    listed = run_models_cli(standin, home, "files", SMOLLM_REPO, "--draft-for", str(smollm_path))
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split()[:2] == ["FILE", "QUANT"]
+    assert row.startswith(smollm_path.name)
+    assert "can draft: same tokenizer (49,152 tokens)" in row or "self" in row, row
+    other = run_models_cli(standin, home, "files", SMOLLM_REPO, "--draft-for", str(gemma_path))
+    assert "cannot draft" in other.stdout, other.stdout
+
+    models = tmp_path / "cli-models"
+    fetched = run_models_cli(
+        standin, home, "download", SMOLLM_REPO, smollm_path.name, "--models-dir", str(models)
+    )
+    assert fetched.returncode == 0, fetched.stderr
+    assert Path(fetched.stdout.strip()).read_bytes() == smollm_path.read_bytes()
+
+    gated = run_models_cli(standin, home, "download", GATED_REPO, smollm_path.name)
+    assert gated.returncode == 1
+    (line,) = gated.stderr.strip().splitlines()
+    assert line.startswith("specdeck-models: error: downloading hf.co/meta-llama"), line
+    assert "gated" in line
