@@ -14,8 +14,8 @@ from PySide6.QtTest import QTest
 
 from backends.service.protocol import LoadRequest
 from backends.speculation.types import TokenOrigin
-from gui.chat_store import ChatStore
 from gui.chat_pane import left_out_note
+from gui.chat_store import ChatStore
 from gui.main_window import READY_CHAT_HINT, MainWindow, MessageInput
 from gui.settings import AppSettings
 from gui.transcript import MessageRecord
