@@ -38,7 +38,9 @@ def light_afterwards(qapp: QApplication) -> Iterator[None]:
 
 
 def keyword_colour(style_name: str) -> str:
-    return "#" + get_style_by_name(style_name).style_for_token(Keyword)["color"]
+    colour = get_style_by_name(style_name).style_for_token(Keyword)["color"]
+    assert colour, style_name
+    return f"#{colour}"
 
 
 def test_a_text_colour_must_name_one_of_the_colours() -> None:
