@@ -28,9 +28,11 @@ from backends.models.hub import (
     HubFile,
     download,
     download_folder,
+    family_query,
     gguf_files,
     remote_model_info,
     search,
+    suggest_drafts,
 )
 from backends.models.provision import (
     DEFAULT_DRAFT_KEY,
@@ -41,6 +43,7 @@ from backends.models.provision import (
     ProvisionProgress,
     ensure_model,
 )
+from backends.speculation.estimates import speedup_ceiling
 from tests.hub_standin import (
     HubRepo,
     HubStandin,
@@ -415,3 +418,51 @@ def test_the_model_source_can_be_forced(
     monkeypatch.setenv(MODEL_SOURCE_ENV, "ftp")
     with pytest.raises(ProvisioningError, match="SPECDECK_MODEL_SOURCE='ftp': choose one of"):
         ensure_model(SMALL_TEST_KEY, models_folder=tmp_path)
+
+
+# --- suggested drafts -------------------------------------------------------------------------
+
+
+@pytest.mark.default_pair
+def test_drafts_are_suggested_from_the_mains_family_judged_by_their_headers(
+    qwen_main_path: Path,
+    qwen_draft_path: Path,
+    smollm_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# a model\n")
+    draft = {qwen_draft_path.name: qwen_draft_path}
+    repos = [
+        HubRepo(QWEN_DRAFT_REPO, draft, downloads=900),
+        HubRepo("bartowski/Qwen2.5-Coder-0.5B-Instruct-GGUF", draft, downloads=300),
+        # Not suggested: the base model, a bigger one, another tokenizer under the name.
+        HubRepo("Qwen/Qwen2.5-Coder-0.5B-GGUF", draft, downloads=800),
+        HubRepo("Qwen/Qwen2.5-Coder-3B-Instruct-GGUF", {"README.md": readme}, downloads=700),
+        HubRepo(
+            "mislabelled/Qwen2.5-Coder-0.5B-Instruct-GGUF",
+            {smollm_path.name: smollm_path},
+            downloads=600,
+        ),
+    ]
+    main = read_model_info(qwen_main_path)
+    assert family_query(main) == "Qwen2.5-Coder"
+    with serve_hub(*repos) as standin:
+        point_client_at(standin, tmp_path / "hf-home", monkeypatch)
+        suggestions = suggest_drafts(main)
+        gets = standin.file_gets()
+    assert [s.file.repo_id for s in suggestions] == [
+        QWEN_DRAFT_REPO,
+        "bartowski/Qwen2.5-Coder-0.5B-Instruct-GGUF",
+    ]
+    first = suggestions[0]
+    assert first.file.quantization == "Q4_K_M"
+    share = qwen_draft_path.stat().st_size / qwen_main_path.stat().st_size
+    assert first.draft_step_share == pytest.approx(share)
+    assert first.best_speedup == pytest.approx(speedup_ceiling(lambda _n: 1.0, share))
+    assert 1.0 < first.best_speedup < 4.0
+    assert f"{share:.0%} of a main step" in first.explanation
+    # Only headers were read: ranged GETs of a few MB each, no 3B repo, no base model.
+    assert all(get.range for get in gets)
+    assert sum(get.body_bytes for get in gets) < 40 << 20
