@@ -44,7 +44,7 @@ from PySide6.QtWidgets import (
 from backends.engines.worker_probe import parse_workers
 from backends.errors import SettingsError, SpecDeckError
 from backends.models.catalog import CatalogScan
-from backends.paths import user_data_dir
+from backends.paths import models_dir, user_data_dir
 from backends.service.protocol import LoadRequest
 from gui.about import show_about
 from gui.answer_controller import AnswerController
@@ -57,6 +57,7 @@ from gui.crash_banner import CrashBanner
 from gui.engine_client import EngineClient
 from gui.fastest_setup import FastestSetupFinder
 from gui.first_run import FirstRunDialog
+from gui.hub_dialog import HubDialog
 from gui.load_controller import LoadController, LoadState
 from gui.meter import AcceptanceMeter
 from gui.settings import AppSettings
@@ -373,6 +374,7 @@ class MainWindow(QMainWindow):
         self.sidebar.unload_requested.connect(self.unload_models)
         self.sidebar.pair_changed.connect(self._update_estimate)
         self.sidebar.open_folder_requested.connect(self._show_first_run)
+        self.sidebar.download_requested.connect(self.open_hub_dialog)
         self.sidebar.fetch_default_pair_requested.connect(self._show_first_run)
         self.settings.changed.connect(self._on_setting_changed)
 
@@ -394,6 +396,14 @@ class MainWindow(QMainWindow):
         self.reload_button.clicked.connect(self.loads.reload)
 
     # -- models ------------------------------------------------------------------------------
+
+    def open_hub_dialog(self) -> HubDialog:
+        """Open the Download models dialog for the main model picked (non-modal)."""
+        dialog = HubDialog(self.sidebar.selected_main(), models_dir(), self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.model_downloaded.connect(lambda _path: self.rescan_models())
+        dialog.show()
+        return dialog
 
     def rescan_models(self) -> None:
         """Read the model folders on a worker thread and fill the pickers."""

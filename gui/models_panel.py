@@ -9,6 +9,7 @@ Signals:
     selection_changed(bool): the engine, main model, draft or method changed; whether an
         error shown for the old choice may be cleared.
     open_folder_requested(): the user wants to see the models folder.
+    download_requested(): the user wants models from the Hugging Face hub.
     fetch_default_pair_requested(): the user wants the default model pair downloaded.
     tune_requested(): "Find my fastest setup…" was pressed.
 """
@@ -76,11 +77,13 @@ class ModelsPanel(QWidget):
     Signals:
         selection_changed(bool): the choice changed; whether old errors may be cleared.
         open_folder_requested(): the user wants to see the models folder.
+        download_requested(): the user wants models from the Hugging Face hub.
         fetch_default_pair_requested(): the user wants the default model pair downloaded.
     """
 
     selection_changed = Signal(bool)
     open_folder_requested = Signal()
+    download_requested = Signal()
     tune_requested = Signal()
     fetch_default_pair_requested = Signal()
 
@@ -235,7 +238,24 @@ class ModelsPanel(QWidget):
             "text-align: left; padding: 2px 0px; color: palette(link);"
         )
         self._open_folder_button.clicked.connect(self.open_folder_requested)
-        layout.addWidget(self._open_folder_button)
+        self.download_button = QPushButton("Download models…")
+        self.download_button.setObjectName("downloadModelsButton")
+        self.download_button.setFlat(True)
+        self.download_button.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.download_button.setToolTip(
+            "Search the Hugging Face hub; see whether each file can draft for the main model "
+            "before downloading it"
+        )
+        self.download_button.setStyleSheet(
+            "text-align: left; padding: 2px 0px; color: palette(link);"
+        )
+        self.download_button.clicked.connect(self.download_requested)
+        links = QHBoxLayout()
+        links.setContentsMargins(0, 0, 0, 0)
+        links.addWidget(self._open_folder_button)
+        links.addWidget(self.download_button)
+        links.addStretch()
+        layout.addLayout(links)
 
     def set_catalog(self, scan: CatalogScan) -> None:
         """Fill the pickers from a scan and select the remembered (or a sensible) pair."""

@@ -99,6 +99,7 @@ class Sidebar(QWidget):
         load_requested(object): Load was pressed; the argument is the LoadRequest.
         unload_requested(): Unload was pressed.
         open_folder_requested(): the user wants to see the models folder.
+        download_requested(): the user wants models from the Hugging Face hub.
         fetch_default_pair_requested(): the user wants the default model pair downloaded.
         pair_changed(): the selected engine, main model, draft or method changed.
         tune_requested(): "Find my fastest setup…" was pressed (a pair is loaded).
@@ -107,6 +108,7 @@ class Sidebar(QWidget):
     load_requested = Signal(object)
     unload_requested = Signal()
     open_folder_requested = Signal()
+    download_requested = Signal()
     fetch_default_pair_requested = Signal()
     pair_changed = Signal()
     tune_requested = Signal()
@@ -132,6 +134,7 @@ class Sidebar(QWidget):
         )
         self._models_panel.selection_changed.connect(self._on_selection_changed)
         self._models_panel.open_folder_requested.connect(self.open_folder_requested)
+        self._models_panel.download_requested.connect(self.download_requested)
         self._models_panel.fetch_default_pair_requested.connect(self.fetch_default_pair_requested)
         self._models_panel.tune_requested.connect(self.tune_requested)
         layout.addWidget(self._models_panel)

@@ -14,7 +14,9 @@ routes, with the headers ``huggingface_hub`` (2.x, on httpx2) reads:
   as ``ETag``; a file kept in LFS answers 302 to ``/cdn/{sha256}`` on a *second port* (another
   origin, as the hub's CDN is), with ``X-Linked-Etag`` (its quoted sha256) and ``X-Linked-Size``,
   so the client takes the metadata from the redirect and downloads from the CDN without its token;
-- ``HEAD``/``GET /cdn/{sha256}`` on the CDN port.
+- ``HEAD``/``GET /cdn/{sha256}`` on the CDN port;
+- ``GET /api/whoami-v2`` (``whoami``, and ``login``, which checks a token with it): a token
+  that some repo's ``access_tokens`` holds belongs to :data:`WHOAMI_USER`; others get 401.
 
 Bodies honour ``Range: bytes=a-b``, ``bytes=a-`` and ``bytes=-n`` (206 with ``Content-Range``;
 416 past the end). Errors carry the hub's ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``,
@@ -67,6 +69,7 @@ BODY_CHUNK = 256 * 1024
 # Seconds ``stop()`` allows for the loop to close connections before it gives up on it.
 SHUTDOWN_SECONDS = 5.0
 LFS_SPEC = "https://git-lfs.github.com/spec/v1"
+WHOAMI_USER = "standin-user"  # who a valid token belongs to (``/api/whoami-v2``)
 DEFAULT_LAST_MODIFIED = "2025-01-06T12:00:00.000Z"
 # ``repo_id`` in a route: ``name`` or ``namespace/name``.
 REPO_ID_PATTERN = r"[^/]+(?:/[^/]+)?"
@@ -454,6 +457,7 @@ class HubStandin:
         app = web.Application(middlewares=[self._logging_middleware("hub")])
         repo = f"{{repo_id:{REPO_ID_PATTERN}}}"
         app.router.add_get("/api/models", self._list_models)
+        app.router.add_get("/api/whoami-v2", self._whoami)
         app.router.add_get(f"/api/models/{repo}/tree/{{revision}}", self._tree)
         app.router.add_get(f"/api/models/{repo}/tree/{{revision}}/{{path:.+}}", self._tree)
         app.router.add_post(f"/api/models/{repo}/paths-info/{{revision}}", self._paths_info)
@@ -547,6 +551,22 @@ class HubStandin:
         if expand:  # the hub gives only the properties asked for
             data = {key: value for key, value in data.items() if key in {"_id", "id", *expand}}
         return data
+
+    async def _whoami(self, request: web.Request) -> web.Response:
+        """``whoami`` (and so ``login``): a token some repo accepts is a read token."""
+        token = _bearer(request)
+        if token is None or not any(token in repo.access_tokens for repo in self.repos.values()):
+            return hub_error(401, None, "Invalid credentials in Authorization header")
+        return web.json_response(
+            {
+                "type": "user",
+                "name": WHOAMI_USER,
+                "auth": {
+                    "type": "access_token",
+                    "accessToken": {"displayName": "standin", "role": "read"},
+                },
+            }
+        )
 
     async def _list_models(self, request: web.Request) -> web.Response:
         query = request.query

@@ -1,0 +1,192 @@
+"""The Download models dialog on real widgets, with the real hub client against the stand-in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+
+from backends.models import hub
+from backends.models.gguf_info import read_model_info
+from gui.hub_dialog import CHECKING_TEXT, VERDICT_COLUMN, HubDialog, fits_here
+from gui.main_window import MainWindow
+from gui.settings import AppSettings
+from tests.hub_standin import (
+    HubRepo,
+    HubStandin,
+    instant_client_retries,
+    point_client_at,
+    serve_hub,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from pytestqt.qtbot import QtBot
+
+SMOLLM_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+GATED_REPO = "meta-llama/Llama-Gated-GGUF"
+TOKEN = "hf_standin_token"
+WAIT_MS = 30_000
+
+
+@pytest.fixture
+def standin(
+    smollm_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[HubStandin]:
+    repos = [
+        HubRepo(SMOLLM_REPO, {smollm_path.name: smollm_path}, downloads=500),
+        HubRepo(
+            GATED_REPO,
+            {smollm_path.name: smollm_path},
+            gated="manual",
+            access_tokens=frozenset({TOKEN}),
+            downloads=10,
+        ),
+    ]
+    with serve_hub(*repos) as running:
+        point_client_at(running, tmp_path / "hf-home", monkeypatch)
+        yield running
+
+
+def open_dialog(qtbot: QtBot, main: Path | None, models: Path) -> HubDialog:
+    dialog = HubDialog(read_model_info(main) if main else None, models)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    return dialog
+
+
+def search_and_pick(qtbot: QtBot, dialog: HubDialog, query: str, repo_id: str) -> None:
+    dialog.query.setText(query)
+    QTest.mouseClick(dialog.search_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: repo_id in dialog.repo_ids(), timeout=WAIT_MS)
+    dialog.repos.setCurrentRow(dialog.repo_ids().index(repo_id))
+    qtbot.waitUntil(lambda: not dialog.busy() and dialog.files.rowCount() > 0, timeout=WAIT_MS)
+
+
+def test_fits_here_says_ram_and_gpu() -> None:
+    assert fits_here(100, 1000, None) == "RAM ✓"
+    assert fits_here(1000, 1000, None) == "RAM ✗"  # a fifth more than the file is needed
+    assert fits_here(100, 1000, (50, "GPU")) == "RAM ✓ · GPU ✗"
+
+
+def test_a_file_says_whether_it_can_draft_before_it_is_downloaded(
+    qtbot: QtBot, standin: HubStandin, smollm_path: Path, gemma_path: Path, tmp_path: Path
+) -> None:
+    dialog = open_dialog(qtbot, gemma_path, tmp_path / "models")
+    search_and_pick(qtbot, dialog, "smollm2", SMOLLM_REPO)
+    assert dialog.cell(0, 0) == smollm_path.name
+    assert dialog.cell(0, 1) == "Q4_1"
+    assert dialog.cell(0, 3).startswith("RAM ")
+    qtbot.waitUntil(lambda: dialog.cell(0, VERDICT_COLUMN) != CHECKING_TEXT, timeout=WAIT_MS)
+    assert dialog.cell(0, VERDICT_COLUMN).startswith("cannot draft:"), dialog.cell(0, 4)
+    assert all(get.range for get in standin.file_gets())  # the header only
+
+    same = open_dialog(qtbot, smollm_path, tmp_path / "models")
+    search_and_pick(qtbot, same, "smollm2", SMOLLM_REPO)
+    qtbot.waitUntil(lambda: same.cell(0, VERDICT_COLUMN) != CHECKING_TEXT, timeout=WAIT_MS)
+    assert same.cell(0, VERDICT_COLUMN).startswith("can draft: same tokenizer"), same.cell(0, 4)
+
+
+def test_download_pause_resume_and_the_window_finds_the_model(
+    qtbot: QtBot, standin: HubStandin, smollm_path: Path, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    dialog = open_dialog(qtbot, None, models)
+    search_and_pick(qtbot, dialog, "smollm2", SMOLLM_REPO)
+    dialog.files.selectRow(0)
+    standin.stall_seconds = 1.0  # the pause lands before the first byte
+    QTest.mouseClick(dialog.download_button, Qt.MouseButton.LeftButton)
+    assert dialog.pause_button.isEnabled()
+    QTest.mouseClick(dialog.pause_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not dialog.busy(), timeout=WAIT_MS)
+    assert dialog.status_text().startswith("Paused:"), dialog.status_text()
+    assert dialog.download_button.text() == "Resume"
+    standin.reset_faults()
+    with qtbot.waitSignal(dialog.model_downloaded, timeout=WAIT_MS) as downloaded:
+        QTest.mouseClick(dialog.download_button, Qt.MouseButton.LeftButton)
+    path = Path(downloaded.args[0])
+    assert path == hub.download_folder(models, SMOLLM_REPO) / smollm_path.name
+    assert hub.file_sha256(path) == standin.blob(SMOLLM_REPO, smollm_path.name).sha256
+    assert dialog.progress.value() == 1000
+    assert dialog.status_text().startswith("Downloaded and checked")
+
+
+def test_a_lost_connection_is_one_line_and_download_again_resumes(
+    qtbot: QtBot,
+    standin: HubStandin,
+    smollm_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    instant_client_retries(monkeypatch)
+    models = tmp_path / "models"
+    dialog = open_dialog(qtbot, None, models)
+    search_and_pick(qtbot, dialog, "smollm2", SMOLLM_REPO)
+    dialog.files.selectRow(0)
+    standin.cut_after_bytes = 30 << 20
+    QTest.mouseClick(dialog.download_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not dialog.busy(), timeout=WAIT_MS)
+    status = dialog.status_text()
+    assert status.startswith("downloading hf.co/HuggingFaceTB/"), status
+    assert "\n" not in status
+    standin.reset_faults()
+    standin.clear_log()
+    with qtbot.waitSignal(dialog.model_downloaded, timeout=WAIT_MS):
+        QTest.mouseClick(dialog.download_button, Qt.MouseButton.LeftButton)
+    (resumed,) = standin.file_gets()
+    assert resumed.range is not None
+    assert resumed.range != "bytes=0-"
+
+
+def test_a_gated_repo_asks_for_a_token_and_login_opens_it(
+    qtbot: QtBot, standin: HubStandin, smollm_path: Path, tmp_path: Path
+) -> None:
+    dialog = open_dialog(qtbot, smollm_path, tmp_path / "models")
+    search_and_pick(qtbot, dialog, "gated", GATED_REPO)
+    qtbot.waitUntil(lambda: dialog.cell(0, VERDICT_COLUMN) != CHECKING_TEXT, timeout=WAIT_MS)
+    assert "gated; accept its terms on the hub and log in" in dialog.cell(0, VERDICT_COLUMN)
+    dialog.token.setText("hf_wrong")
+    QTest.mouseClick(dialog.login_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not dialog.busy(), timeout=WAIT_MS)
+    assert dialog.status_text().startswith("login failed"), dialog.status_text()
+    dialog.token.setText(TOKEN)
+    QTest.mouseClick(dialog.login_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: dialog.status_text().startswith("Logged in"), timeout=WAIT_MS)
+    from huggingface_hub import get_token
+
+    assert get_token() == TOKEN  # kept by huggingface_hub's own token storage
+    dialog.repos.setCurrentRow(-1)
+    dialog.repos.setCurrentRow(dialog.repo_ids().index(GATED_REPO))
+    qtbot.waitUntil(lambda: dialog.cell(0, VERDICT_COLUMN).startswith("can draft"), timeout=WAIT_MS)
+
+
+def test_no_network_is_one_line_in_the_dialog(
+    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    dialog = open_dialog(qtbot, None, tmp_path / "models")
+    dialog.query.setText("qwen")
+    QTest.mouseClick(dialog.search_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not dialog.busy() and "cannot reach" in dialog.status_text())
+    assert dialog.status_text() == (
+        "searching the hub for 'qwen': cannot reach http://127.0.0.1:9 "
+        "([Errno 111] Connection refused)"
+    )
+
+
+def test_the_sidebar_opens_it_for_the_main_model_picked(qtbot: QtBot) -> None:
+    window = MainWindow(AppSettings(), offer_first_run=False)
+    qtbot.addWidget(window)
+    button = window.sidebar.findChild(type(window.send_button), "downloadModelsButton")
+    assert button is not None
+    with qtbot.waitSignal(window.sidebar.download_requested):
+        button.click()
+    dialog = window.findChild(HubDialog)
+    assert dialog is not None
+    assert dialog.isVisible()
+    assert dialog.main is window.sidebar.selected_main()
+    dialog.reject()
