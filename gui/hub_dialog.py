@@ -90,6 +90,7 @@ class HubDialog(QDialog):
         self._download: BackgroundTask | None = None
         self._pause = threading.Event()
         self._files: list[HubFile] = []
+        self._engine: HubEngine = "llama.cpp"
 
         self.query = QLineEdit()
         self.query.setPlaceholderText("Search the hub, e.g. qwen2.5 coder")
@@ -185,6 +186,7 @@ class HubDialog(QDialog):
         """Search the hub for the query, with the chosen engine's files."""
         query = self.query.text().strip()
         engine: HubEngine = self.engine.currentData()
+        self._engine = engine  # the repos listed are this engine's
         token = self._token
         self._say(f"Searching for {query!r}…")
         self._run(
@@ -289,6 +291,7 @@ class HubDialog(QDialog):
         repo_id = str(item.data(REPO_ROLE))
         token = self._token
         main = self.main
+        list_files = hub.mlx_folders if self._engine == "mlx" else hub.gguf_files
         self._say(f"Listing {repo_id}…")
 
         def work(report: Callable[[object], None]) -> None:
@@ -296,7 +299,7 @@ class HubDialog(QDialog):
 
             from backends.engines.hardware import gpu_free_memory
 
-            files = hub.gguf_files(repo_id, token=token)
+            files = list_files(repo_id, token=token)
             ram, gpu = psutil.virtual_memory().available, gpu_free_memory()
             report(("files", files, [fits_here(f.size, ram, gpu) for f in files]))
             if main is None:
@@ -308,7 +311,8 @@ class HubDialog(QDialog):
                 except SpecDeckError as error:
                     report(("verdict", row, str(error)))
 
-        self._run(work, lambda _none: self._say(f"{repo_id}: {len(self._files)} GGUF files"))
+        what = "MLX folder" if self._engine == "mlx" else "GGUF file"
+        self._run(work, lambda _none: self._say(f"{repo_id}: {len(self._files)} {what}s"))
         assert self._task is not None
         self._task.progress.connect(self._listing_progress)
 

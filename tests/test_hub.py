@@ -466,3 +466,43 @@ def test_drafts_are_suggested_from_the_mains_family_judged_by_their_headers(
     # Only headers were read: ranged GETs of a few MB each, no 3B repo, no base model.
     assert all(get.range for get in gets)
     assert sum(get.body_bytes for get in gets) < 40 << 20
+
+
+# --- MLX folders --------------------------------------------------------------------------------
+
+
+@pytest.mark.heavy
+def test_an_mlx_repo_is_one_folder_judged_by_its_small_files_and_headers(
+    tiny_mlx_main: Path, tiny_mlx_draft: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from backends.models.mlx_info import read_mlx_model_info
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# tiny\n")
+    files = {path.name: path for path in tiny_mlx_draft.iterdir()} | {"README.md": readme}
+    repo = HubRepo("mlx-community/tiny-draft-4bit", files, tags=("mlx",), library_name="mlx")
+    with serve_hub(repo) as standin:
+        point_client_at(standin, tmp_path / "hf-home", monkeypatch)
+        (folder,) = hub.mlx_folders(repo.repo_id)
+        assert folder.is_folder
+        assert folder.quantization == "MLX 4-bit"
+        assert "README.md" not in [member.filename for member in folder.members]
+        weights = tiny_mlx_draft / "model.safetensors"
+        standin.clear_log()
+        remote = remote_model_info(folder)
+        reads = standin.file_gets()
+        local = read_mlx_model_info(tiny_mlx_draft)
+        assert remote.vocab == local.vocab
+        assert remote.parameter_count == local.parameter_count
+        assert remote.format == "mlx"
+        assert draft_verdict(read_mlx_model_info(tiny_mlx_main), remote).can_draft
+        # The weights were not downloaded: their header only, by two range requests.
+        ranged = [get for get in reads if get.range]
+        assert len(ranged) == 2
+        assert all(get.body_bytes < weights.stat().st_size // 4 for get in reads)
+
+        models = tmp_path / "models"
+        path = download(folder, models)
+        assert path == models / "mlx" / "tiny-draft-4bit"
+        assert (path / "model.safetensors").read_bytes() == weights.read_bytes()
+        assert [info.path for info in scan_models([models]).models] == [path]

@@ -54,6 +54,10 @@ _QUANTIZATION_PATTERN = re.compile(
     r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4)(?![A-Za-z0-9])", re.IGNORECASE
 )
 _LATER_SHARD_PATTERN = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+_MLX_BITS_PATTERN = re.compile(r"(\d+)[-_]?bit", re.IGNORECASE)
+# An MLX folder's files SpecDeck reads or mlx-lm loads (not READMEs, images, .gitattributes).
+_MLX_MEMBER_PATTERN = re.compile(r"\.(safetensors|json|jinja|txt|model|tiktoken|py)$")
+MLX_FOLDER = "mlx"  # where MLX folders go in the models folder (as imports do)
 
 
 class HubError(ProvisioningError):
@@ -84,10 +88,20 @@ class HubFile:
     size: int
     sha256: str | None  # the LFS SHA-256 (None: a small file kept in git)
     revision: str | None = None  # the commit the listing was read at
+    # An MLX model is a folder: the repo's files, downloaded together (``filename`` names it).
+    members: tuple[HubFile, ...] = ()
+
+    @property
+    def is_folder(self) -> bool:
+        """Is it an MLX model folder (a whole repo) rather than one GGUF file?"""
+        return bool(self.members)
 
     @property
     def quantization(self) -> str:
-        """The quantization its name says ("Q4_K_M"), or "" when it says none."""
+        """The quantization its name says ("Q4_K_M", "MLX 4-bit"), or "" when it says none."""
+        if self.is_folder:
+            bits = _MLX_BITS_PATTERN.search(self.filename)
+            return f"MLX {bits.group(1)}-bit" if bits else "MLX"
         found = _QUANTIZATION_PATTERN.search(Path(self.filename).name)
         return found.group(1).upper() if found else ""
 
@@ -168,32 +182,45 @@ def gguf_files(repo_id: str, *, token: str | None = None) -> list[HubFile]:
     return sorted(files, key=lambda file: (file.size, file.filename))
 
 
+def mlx_folders(repo_id: str, *, token: str | None = None) -> list[HubFile]:
+    """An MLX model repo as one folder to download (its weights, config and tokenizer)."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub_endpoint(), token=token)
+    with _one_line_errors(f"listing {repo_id}"):
+        info = api.model_info(repo_id, files_metadata=True)
+    members = tuple(
+        HubFile(
+            repo_id=repo_id,
+            filename=sibling.rfilename,
+            size=int(sibling.size or 0),
+            sha256=sibling.lfs.sha256 if sibling.lfs else None,
+            revision=info.sha,
+        )
+        for sibling in info.siblings or ()
+        if _MLX_MEMBER_PATTERN.search(sibling.rfilename)
+    )
+    if not any(member.filename.endswith(".safetensors") for member in members):
+        return []
+    name = repo_id.split("/")[-1]
+    size = sum(member.size for member in members)
+    return [HubFile(repo_id, name, size, None, revision=info.sha, members=members)]
+
+
 def remote_model_info(file: HubFile, *, token: str | None = None) -> ModelInfo:
-    """A GGUF file's metadata from its header alone, read with HTTP range requests.
+    """A model's metadata without its weights: a GGUF header, or an MLX folder's small files.
 
-    Reads the first 2 MiB, then twice as much each time the header goes on, up to
-    :data:`HEADER_MAX_READ`. Raises HubError (one line) for the network and the hub's
-    refusals, ModelFileError for a file that is not a language model.
+    A GGUF file's header is read with HTTP range requests: the first 2 MiB, then twice as
+    much each time the header goes on, up to :data:`HEADER_MAX_READ`. Raises HubError (one
+    line) for the network and the hub's refusals, ModelFileError for a file that is not a
+    language model.
     """
-    from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
-    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
-
-    url = hf_hub_url(file.repo_id, file.filename, revision=file.revision, endpoint=hub_endpoint())
-    headers = build_hf_headers(token=token)
+    if file.is_folder:
+        return _remote_mlx_info(file, token)
     data = b""
     wanted = HEADER_FIRST_READ
     while True:
-        with _one_line_errors(f"reading the header of {file.hub_path}"):
-            response = get_session().get(
-                url,
-                headers={**headers, "Range": f"bytes={len(data)}-{wanted - 1}"},
-                follow_redirects=True,
-                timeout=TIMEOUT_SECONDS,
-            )
-            hf_raise_for_status(response)
-        if response.status_code != 206 and len(data) == 0 and len(response.content) > wanted:
-            raise HubError(f"the hub sent all of {file.hub_path} when asked for its header")
-        data += response.content
+        data += _read_range(file, len(data), wanted, token)
         try:
             return model_info_from_header(data, file.hub_path, file.size)
         except HeaderNeedsMoreBytes:
@@ -203,6 +230,58 @@ def remote_model_info(file: HubFile, *, token: str | None = None) -> ModelInfo:
                     f"{HEADER_MAX_READ >> 20} MiB or the file ends inside it"
                 ) from None
             wanted *= 2
+
+
+def _read_range(file: HubFile, start: int, end: int, token: str | None) -> bytes:
+    """Bytes ``start`` to ``end`` (exclusive) of a file on the hub, by a range request."""
+    from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
+    url = hf_hub_url(file.repo_id, file.filename, revision=file.revision, endpoint=hub_endpoint())
+    with _one_line_errors(f"reading the header of {file.hub_path}"):
+        response = get_session().get(
+            url,
+            headers={**build_hf_headers(token=token), "Range": f"bytes={start}-{end - 1}"},
+            follow_redirects=True,
+            timeout=TIMEOUT_SECONDS,
+        )
+        hf_raise_for_status(response)
+    if response.status_code != 206 and len(response.content) > end - start:
+        raise HubError(f"the hub sent all of {file.hub_path} when asked for its header")
+    return bytes(response.content)
+
+
+def _remote_mlx_info(folder: HubFile, token: str | None) -> ModelInfo:
+    """An MLX folder's ModelInfo from its config, tokenizer and safetensors headers.
+
+    The small files are downloaded to a temporary folder; each weights file there is a
+    sparse file of its real size holding only its header (read by range requests), so
+    :func:`backends.models.mlx_info.read_mlx_model_info` reads it as it reads a folder here.
+    """
+    import dataclasses
+    import struct
+    import tempfile
+
+    from backends.models.mlx_info import read_mlx_model_info
+
+    with tempfile.TemporaryDirectory(prefix="specdeck-mlx-header-") as temporary:
+        root = Path(temporary) / folder.filename
+        for member in folder.members:
+            target = root / member.filename
+            if member.filename.endswith(".safetensors"):
+                prefix = _read_range(member, 0, 8, token)
+                (length,) = struct.unpack("<Q", prefix)
+                if length > HEADER_MAX_READ:
+                    raise HubError(f"the header of {member.hub_path} is too long")
+                header = _read_range(member, 8, 8 + length, token)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("wb") as stream:
+                    stream.write(prefix + header)
+                    stream.truncate(member.size)
+            elif member.size <= HEADER_MAX_READ:
+                download_to(member, target, token=token)
+        info = read_mlx_model_info(root)
+    return dataclasses.replace(info, path=folder.hub_path)
 
 
 def cached_copy(file: HubFile) -> Path | None:
@@ -240,6 +319,8 @@ def download(
     A download goes to :func:`download_folder` (see :func:`download_to`); a file already
     there whole was checked when it arrived.
     """
+    if file.is_folder:
+        return _download_folder_of(file, models_dir, progress, cancel, token)
     cached = cached_copy(file)
     if cached is not None:
         logger.info("%s: using the Hugging Face cache's copy at %s", file.hub_path, cached)
@@ -247,6 +328,31 @@ def download(
     target = download_folder(models_dir, file.repo_id) / file.filename
     if not (target.is_file() and target.stat().st_size == file.size):
         download_to(file, target, progress=progress, cancel=cancel, token=token)
+    return target
+
+
+def _download_folder_of(
+    folder: HubFile,
+    models_dir: Path,
+    progress: Callable[[int, int], None] | None,
+    cancel: threading.Event | None,
+    token: str | None,
+) -> Path:
+    """An MLX model's files into ``<models>/mlx/<repo name>``, each resumable and checked."""
+    target = models_dir / MLX_FOLDER / folder.filename
+    done_before = 0
+    for member in folder.members:
+        path = target / member.filename
+        if not (path.is_file() and path.stat().st_size == member.size):
+
+            def member_progress(done: int, _total: int, base: int = done_before) -> None:
+                if progress is not None:
+                    progress(base + done, folder.size)
+
+            download_to(member, path, progress=member_progress, cancel=cancel, token=token)
+        done_before += member.size
+        if progress is not None:
+            progress(done_before, folder.size)
     return target
 
 

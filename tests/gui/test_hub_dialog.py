@@ -190,3 +190,31 @@ def test_the_sidebar_opens_it_for_the_main_model_picked(qtbot: QtBot) -> None:
     assert dialog.isVisible()
     assert dialog.main is window.sidebar.selected_main()
     dialog.reject()
+
+
+@pytest.mark.heavy
+def test_mlx_repos_are_listed_as_folders_with_their_verdict(
+    qtbot: QtBot,
+    tiny_mlx_main: Path,
+    tiny_mlx_draft: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from backends.models.mlx_info import read_mlx_model_info
+
+    files = {path.name: path for path in tiny_mlx_draft.iterdir()}
+    repo = HubRepo("mlx-community/tiny-draft-4bit", files, tags=("mlx",), library_name="mlx")
+    with serve_hub(repo) as running:
+        point_client_at(running, tmp_path / "hf-home", monkeypatch)
+        dialog = HubDialog(read_mlx_model_info(tiny_mlx_main), tmp_path / "models")
+        qtbot.addWidget(dialog)
+        dialog.engine.setCurrentIndex(dialog.engine.findData("mlx"))
+        search_and_pick(qtbot, dialog, "tiny", repo.repo_id)
+        assert dialog.cell(0, 0) == "tiny-draft-4bit"
+        assert dialog.cell(0, 1) == "MLX 4-bit"
+        qtbot.waitUntil(lambda: dialog.cell(0, VERDICT_COLUMN) != CHECKING_TEXT, timeout=WAIT_MS)
+        assert dialog.cell(0, VERDICT_COLUMN).startswith("can draft"), dialog.cell(0, 4)
+        dialog.files.selectRow(0)
+        with qtbot.waitSignal(dialog.model_downloaded, timeout=WAIT_MS) as downloaded:
+            QTest.mouseClick(dialog.download_button, Qt.MouseButton.LeftButton)
+        assert Path(downloaded.args[0]) == tmp_path / "models" / "mlx" / "tiny-draft-4bit"
