@@ -36,7 +36,9 @@ from PySide6.QtWidgets import (
 from backends.errors import SpecDeckError
 from backends.models import hub
 from backends.models.draft_verdict import draft_verdict
-from backends.models.hub import DraftSuggestion, HubEngine, HubFile, HubRepo
+from backends.models.hub import HubEngine, HubFile, HubRepo
+from backends.service import hub_drafts
+from backends.service.hub_drafts import DraftSuggestion
 from gui.background import BackgroundTask
 from gui.status_bar import format_bytes
 from gui.theme import ERROR_TEXT_STYLE, MUTED_TEXT_STYLE, keep_styled
@@ -200,8 +202,10 @@ class HubDialog(QDialog):
         if main is None:
             return
         token = self._token
-        self._say(f"Looking for drafts of {main.display_name} ({hub.family_query(main)})…")
-        self._run(lambda _report: hub.suggest_drafts(main, token=token), self._show_suggestions)
+        self._say(f"Looking for drafts of {main.display_name} ({hub_drafts.family_query(main)})…")
+        self._run(
+            lambda _report: hub_drafts.suggest_drafts(main, token=token), self._show_suggestions
+        )
 
     def download(self) -> None:
         """Download the chosen file (or resume its part) into the models folder."""

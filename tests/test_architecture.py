@@ -94,6 +94,7 @@ SERVICE_ORDER = (
     "loaded_pair",  # the pair service, with the load flags its command lines share
     "api",
     "engine_server",
+    "hub_drafts",  # drafts to suggest from the hub (models.hub, ranked by speculation's theory)
     # The command lines and their parts: no module above imports them.
     "bench_watch",
     "bench_suite",

@@ -28,11 +28,9 @@ from backends.models.hub import (
     HubFile,
     download,
     download_folder,
-    family_query,
     gguf_files,
     remote_model_info,
     search,
-    suggest_drafts,
 )
 from backends.models.provision import (
     DEFAULT_DRAFT_KEY,
@@ -43,6 +41,7 @@ from backends.models.provision import (
     ProvisionProgress,
     ensure_model,
 )
+from backends.service.hub_drafts import family_query, suggest_drafts
 from backends.speculation.estimates import speedup_ceiling
 from tests.hub_standin import (
     HubRepo,
