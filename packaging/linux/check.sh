@@ -30,6 +30,14 @@ run_installed() {
         SPECDECK_MODELS_DIR="$models" "$@")
 }
 run_installed /usr/bin/specdeck --models fetch smollm2-135m-instruct-q4_1
+echo "check: the hub client is bundled (no hub here: one line, exit 1)"
+hub_log=$(mktemp)
+if run_installed env HF_ENDPOINT=http://127.0.0.1:9 /usr/bin/specdeck --models search qwen \
+    >"$hub_log" 2>&1; then
+    echo "check: a search of an unreachable hub succeeded" >&2; exit 1
+fi
+grep -q "^specdeck-models: error: searching the hub for 'qwen': cannot reach" "$hub_log" || {
+    cat "$hub_log" >&2; exit 1; }
 cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo | head -n 1)
 if grep -qw amx_tile /proc/cpuinfo; then amx=yes; else amx=no; fi
 echo "check: self-test on ${cpu:-an unknown CPU} (AMX: $amx)"
