@@ -456,12 +456,14 @@ class ChatPane(QWidget):
         self._cursor.endEditBlock()
 
     def _left_out_place(self) -> tuple[MessageRecord | None, int]:
-        """The message the last answer's context left out first, and how many it left out."""
+        """The message the last finished answer's context left out first, and how many."""
         last_answer = next(
             (
                 item
                 for item in reversed(self._items)
-                if isinstance(item, MessageRecord) and item.role == "assistant"
+                if isinstance(item, MessageRecord)
+                and item.role == "assistant"
+                and item.state != "streaming"
             ),
             None,
         )

@@ -171,6 +171,7 @@ class MainWindow(QMainWindow):
         self.offer_first_run = offer_first_run
         self.conversation_id: int | None = None
         self.editing_message_id: int | None = None  # a sent message being edited in the box
+        self.hub_dialog: HubDialog | None = None  # Download models, once opened
 
         # Before the widgets: they are built in the theme's colours.
         apply_theme(_application(), self.settings.get_str("theme"))
@@ -336,7 +337,7 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         client = self.client
         # "System" follows the desktop when it switches between light and dark.
-        QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _scheme: self.follow_theme())
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_colour_scheme_changed)
         client.failed.connect(self._on_engine_error)
         self.loads.scanned.connect(self._on_scanned)
         self.loads.state_changed.connect(self._show_load_state)
@@ -398,12 +399,18 @@ class MainWindow(QMainWindow):
     # -- models ------------------------------------------------------------------------------
 
     def open_hub_dialog(self) -> HubDialog:
-        """Open the Download models dialog for the main model picked (non-modal)."""
-        dialog = HubDialog(self.sidebar.selected_main(), models_dir(), self)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.model_downloaded.connect(lambda _path: self.rescan_models())
-        dialog.show()
-        return dialog
+        """Show the Download models dialog (one, kept) for the main model picked."""
+        if self.hub_dialog is None:
+            self.hub_dialog = HubDialog(self.sidebar.selected_main(), models_dir(), self)
+            self.hub_dialog.model_downloaded.connect(self._on_model_downloaded)
+        else:
+            self.hub_dialog.set_main(self.sidebar.selected_main())
+        self.hub_dialog.show()
+        self.hub_dialog.raise_()
+        return self.hub_dialog
+
+    def _on_model_downloaded(self, _path: str) -> None:
+        self.rescan_models()
 
     def rescan_models(self) -> None:
         """Read the model folders on a worker thread and fill the pickers."""
@@ -712,6 +719,9 @@ class MainWindow(QMainWindow):
             self.follow_theme()
         elif key == "extra_model_folders":
             self.rescan_models()
+
+    def _on_colour_scheme_changed(self, _scheme: Qt.ColorScheme) -> None:
+        self.follow_theme()
 
     def follow_theme(self) -> None:
         """Use the theme the settings name (or the desktop's, for "system") everywhere."""

@@ -39,7 +39,7 @@ from backends.models.provision import DEFAULT_DRAFT_KEY, DEFAULT_MAIN_KEY, model
 from backends.service.protocol import ENGINE_KINDS
 from gui.form_widgets import ROW_SPACING, CalmComboBox, caption, heading, muted_label, select_data
 from gui.settings import DRAFT_CHOICE_NGRAM, DRAFT_CHOICE_OFF, setting_spec
-from gui.style import colours
+from gui.theme import keep_styled
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -66,6 +66,19 @@ TUNE_TOOLTIP = (
     "measured here (specdeck-bench --tune in a terminal)"
 )
 NO_MODELS_TEXT = "No GGUF models found in SpecDeck's folder, LM Studio's or the Hugging Face cache."
+
+
+LEFT_LINK_STYLE = "text-align: left; padding: 2px 0px; color: palette(link);"
+
+
+def _link_button(text: str, name: str, tooltip: str) -> QPushButton:
+    """A flat button that looks like a link (styled by its caller)."""
+    button = QPushButton(text)
+    button.setObjectName(name)
+    button.setFlat(True)
+    button.setCursor(Qt.CursorShape.PointingHandCursor)
+    button.setToolTip(tooltip)
+    return button
 
 
 class ModelsPanel(QWidget):
@@ -188,15 +201,14 @@ class ModelsPanel(QWidget):
             )
         )
         draft_row.addStretch(1)
-        self.tune_button = QPushButton("Find my fastest setup…")
-        self.tune_button.setObjectName("tuneButton")
-        self.tune_button.setFlat(True)
-        self.tune_button.setCursor(Qt.CursorShape.PointingHandCursor)
-        self.tune_button.setStyleSheet(
-            "QPushButton { text-align: right; padding: 0px; color: palette(link); }"
-            f" QPushButton:disabled {{ color: {colours().muted_text.name()}; }}"
+        self.tune_button = _link_button("Find my fastest setup…", "tuneButton", TUNE_TOOLTIP)
+        keep_styled(
+            self.tune_button,
+            lambda chosen: (
+                "QPushButton { text-align: right; padding: 0px; color: palette(link); }"
+                f" QPushButton:disabled {{ color: {chosen.muted_text.name()}; }}"
+            ),
         )
-        self.tune_button.setToolTip(TUNE_TOOLTIP)
         self.tune_button.clicked.connect(self.tune_requested)
         draft_row.addWidget(self.tune_button)
         layout.addLayout(draft_row)
@@ -229,26 +241,20 @@ class ModelsPanel(QWidget):
         self._problems_label.setObjectName("problemsLabel")
         layout.addWidget(self._problems_label)
 
-        self._open_folder_button = QPushButton("Open models folder…")
-        self._open_folder_button.setObjectName("openFolderButton")
-        self._open_folder_button.setFlat(True)
-        self._open_folder_button.setCursor(Qt.CursorShape.PointingHandCursor)
-        self._open_folder_button.setToolTip("Show the folder SpecDeck looks in for GGUF files")
-        self._open_folder_button.setStyleSheet(
-            "text-align: left; padding: 2px 0px; color: palette(link);"
+        self._open_folder_button = _link_button(
+            "Open models folder…",
+            "openFolderButton",
+            "Show the folder SpecDeck looks in for GGUF files",
         )
+        self._open_folder_button.setStyleSheet(LEFT_LINK_STYLE)
         self._open_folder_button.clicked.connect(self.open_folder_requested)
-        self.download_button = QPushButton("Download models…")
-        self.download_button.setObjectName("downloadModelsButton")
-        self.download_button.setFlat(True)
-        self.download_button.setCursor(Qt.CursorShape.PointingHandCursor)
-        self.download_button.setToolTip(
+        self.download_button = _link_button(
+            "Download models…",
+            "downloadModelsButton",
             "Search the Hugging Face hub; see whether each file can draft for the main model "
-            "before downloading it"
+            "before downloading it",
         )
-        self.download_button.setStyleSheet(
-            "text-align: left; padding: 2px 0px; color: palette(link);"
-        )
+        self.download_button.setStyleSheet(LEFT_LINK_STYLE)
         self.download_button.clicked.connect(self.download_requested)
         links = QHBoxLayout()
         links.setContentsMargins(0, 0, 0, 0)

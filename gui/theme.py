@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+DARK_LIGHTNESS = 128  # a window colour darker than this (0-255) is a dark palette's
 # The app's own palette, kept from before the first theme was applied: light's.
 _light_palette: list[QPalette] = []
 # Widgets whose style sheet names colours, and how to write it for a set of colours.
@@ -65,13 +66,16 @@ def colours_for(choice: str) -> Colours:
     return LIGHT
 
 
+DARK_WINDOW = QColor("#202124")
+
+
 def dark_palette(chosen: Colours) -> QPalette:
     """The app's palette for dark colours: near-black surfaces, light text."""
     palette = QPalette()
-    window = QColor("#202124")
+    window = DARK_WINDOW
     base = chosen.answer_background
     text = chosen.title_text
-    disabled_text = QColor("#6b7280")
+    disabled_text = LIGHT.muted_text  # dimmer than dark's own muted text
     roles = {
         QPalette.ColorRole.Window: window,
         QPalette.ColorRole.WindowText: text,
@@ -116,7 +120,10 @@ def apply_theme(app: QApplication, choice: str) -> bool:
     changed = chosen is not colours()
     use_colours(chosen)
     if not _light_palette:
-        _light_palette.append(QPalette(app.palette()))
+        first = app.palette()
+        dark_desktop = first.color(QPalette.ColorRole.Window).lightness() < DARK_LIGHTNESS
+        # Under a dark desktop theme the app's own palette is dark: light is the style's.
+        _light_palette.append(app.style().standardPalette() if dark_desktop else QPalette(first))
     app.setPalette(dark_palette(chosen) if chosen.dark else _light_palette[0])
     if changed:
         for widget, style in list(_styled.items()):

@@ -272,6 +272,9 @@ class HubStandin:
         None: no cut.
     ``cut_times``
         How many more bodies to cut (decremented per cut); None cuts every one ("always").
+    ``chunk_delay_seconds``
+        File bodies wait this long after each chunk of :data:`BODY_CHUNK` bytes: a slow link,
+        for tests that act in the middle of a download (0: none).
     ``stall_seconds``
         File bodies send their headers, then wait this long before their first byte (0: none).
         ``stop()`` wakes them.
@@ -297,6 +300,7 @@ class HubStandin:
         self.cut_after_bytes: int | None = None
         self.cut_times: int | None = None
         self.stall_seconds: float = 0.0
+        self.chunk_delay_seconds: float = 0.0
         self.corrupt = False
         self.corrupt_offset: int | None = None
         self._log: list[LoggedRequest] = []
@@ -353,6 +357,7 @@ class HubStandin:
         self.cut_after_bytes = None
         self.cut_times = None
         self.stall_seconds = 0.0
+        self.chunk_delay_seconds = 0.0
         self.corrupt = False
         self.corrupt_offset = None
 
@@ -759,6 +764,11 @@ class HubStandin:
                     await response.write(chunk)
                     offset += len(chunk)
                     request[BODY_BYTES] += len(chunk)
+                    if self.chunk_delay_seconds > 0 and await self._stalled(
+                        self.chunk_delay_seconds
+                    ):
+                        cut = True  # stopping: drop the connection
+                        break
             if cut:
                 self._close(request)
             else:

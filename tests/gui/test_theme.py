@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 from pygments.styles import get_style_by_name
 from pygments.token import Keyword
-from PySide6.QtGui import QPalette
+from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication, QLabel
 
 from backends.speculation.types import TokenOrigin
@@ -124,6 +124,23 @@ def test_the_theme_setting_switches_the_window_at_once(qtbot: QtBot) -> None:
         DARK.draft_background_in_code
     )
     assert application().palette().color(QPalette.ColorRole.Base) == DARK.answer_background
+
+    # No widget keeps a style sheet written in the light colours.
+    light_only = {
+        getattr(LIGHT, name).name()
+        for name in vars(LIGHT)
+        if isinstance(getattr(LIGHT, name), QColor)
+        and getattr(LIGHT, name).name()
+        not in {
+            getattr(DARK, other).name()
+            for other in vars(DARK)
+            if isinstance(getattr(DARK, other), QColor)
+        }
+    }
+    for widget in QApplication.allWidgets():
+        sheet = widget.styleSheet()
+        stale = [colour for colour in light_only if colour in sheet]
+        assert not stale, (widget.objectName() or type(widget).__name__, stale)
 
     settings.set("theme", "system")
     assert colours() is LIGHT
