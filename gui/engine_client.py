@@ -59,6 +59,8 @@ class PairReport:
     gpus: tuple[ComputeDevice, ...] = ()
     load_seconds: float = 0.0  # the whole load: models, probes, calibration
     calibration: tuple[str, ...] = ()  # auto's: how sure its costs are, the best it allows
+    # The main model's batch costs auto measured at load: (size, seconds), by size.
+    main_batch_seconds: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -339,6 +341,12 @@ class EngineClient(QObject):
                     gpus=tuple(ComputeDevice(**gpu) for gpu in event.get("gpus", ())),
                     load_seconds=float(event.get("seconds", 0.0)),
                     calibration=tuple(str(note) for note in event.get("calibration", ())),
+                    main_batch_seconds=tuple(
+                        sorted(
+                            (int(size), float(seconds))
+                            for size, seconds in event.get("main_batch_seconds", {}).items()
+                        )
+                    ),
                 )
             )
         elif kind == "unloaded":

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from backends.models.gguf_info import ModelInfo
+    from backends.speculation.estimates import BatchCosts
 
 ENGINES: tuple[tuple[str, HubEngine], ...] = (("GGUF (llama.cpp)", "llama.cpp"), ("MLX", "mlx"))
 COLUMNS = ("File", "Quant", "Size", "Fits here", "As draft")
@@ -87,6 +88,7 @@ class HubDialog(QDialog):
         self.setWindowTitle("Download models from Hugging Face")
         self.resize(*DIALOG_SIZE)
         self.main = main
+        self.main_costs: BatchCosts | None = None
         self.models_dir = models_dir
         self._token: str | None = None
         self._task: BackgroundTask | None = None  # searching, listing, checking
@@ -178,9 +180,14 @@ class HubDialog(QDialog):
 
     # -- what the user does --------------------------------------------------------------
 
-    def set_main(self, main: ModelInfo | None) -> None:
-        """Judge files as drafts for ``main`` from the next listing on (None: no verdicts)."""
+    def set_main(self, main: ModelInfo | None, main_costs: BatchCosts | None = None) -> None:
+        """Judge files as drafts for ``main`` from the next listing on (None: no verdicts).
+
+        ``main_costs``: its batch costs measured on this machine (it is loaded), with which
+        suggested drafts are ranked.
+        """
         self.main = main
+        self.main_costs = main_costs
         self.main_label.setText(
             f"Main model: <b>{main.display_name}</b>, {main.size_label}: each file says "
             "whether it can draft for it, from its header (a few MB), before it is downloaded"
@@ -209,13 +216,13 @@ class HubDialog(QDialog):
 
     def suggest_drafts(self) -> None:
         """List drafts for the main model from its family, best expected speed-up first."""
-        main = self.main
+        main, main_costs = self.main, self.main_costs
         if main is None:
             return
         token = self._token
 
         def work(_report: Callable[[object], None], _cancel: threading.Event) -> object:
-            return hub_drafts.suggest_drafts(main, token=token)
+            return hub_drafts.suggest_drafts(main, main_costs=main_costs, token=token)
 
         family = hub_drafts.family_query(main)
         self._say(f"Looking for drafts of {main.display_name} ({family})…")

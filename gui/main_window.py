@@ -46,6 +46,7 @@ from backends.errors import SettingsError, SpecDeckError
 from backends.models.catalog import CatalogScan
 from backends.paths import models_dir, user_data_dir
 from backends.service.protocol import LoadRequest
+from backends.speculation.estimates import BatchCosts
 from gui.about import show_about
 from gui.answer_controller import AnswerController
 from gui.chat_export import ChatFileError, chat_from_json, chat_to_json, chat_to_markdown
@@ -400,11 +401,22 @@ class MainWindow(QMainWindow):
 
     def open_hub_dialog(self) -> HubDialog:
         """Show the Download models dialog (one, kept) for the main model picked."""
+        main = self.sidebar.selected_main()
         if self.hub_dialog is None:
-            self.hub_dialog = HubDialog(self.sidebar.selected_main(), models_dir(), self)
+            self.hub_dialog = HubDialog(main, models_dir(), self)
             self.hub_dialog.model_downloaded.connect(self._on_model_downloaded)
-        else:
-            self.hub_dialog.set_main(self.sidebar.selected_main())
+        loaded, load = self.loaded, self.last_load
+        # The loaded main model's own batch costs, when it is the one the dialog judges for.
+        measured = (
+            BatchCosts(seconds=dict(loaded.main_batch_seconds))
+            if loaded is not None
+            and load is not None
+            and loaded.main_batch_seconds
+            and main is not None
+            and Path(load.main_path) == Path(main.path)
+            else None
+        )
+        self.hub_dialog.set_main(main, measured)
         self.hub_dialog.show()
         self.hub_dialog.raise_()
         return self.hub_dialog

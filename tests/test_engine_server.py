@@ -114,6 +114,7 @@ def test_answer_streams_with_origins_and_equals_plain_decoding(
     assert loaded["draft"]["gpu_layers"] >= 0
     # The whole load, of which each model's own load is a part.
     assert loaded["seconds"] >= loaded["main"]["load_seconds"] + loaded["draft"]["load_seconds"]
+    assert loaded["main_batch_seconds"] == {}  # a forced method: nothing calibrated
     engine_process.send(_ask(QUESTION))
     events = engine_process.until("finished", "error")
     assert events[-1]["type"] == "finished", events[-1]
@@ -502,3 +503,18 @@ def test_a_crash_while_loading_a_trial_draft_ends_the_process_like_an_answer(
         assert not (tmp_path / "tuning.json").exists()  # nothing half-measured is remembered
     finally:
         engine.kill()
+
+
+def test_an_auto_load_reports_the_main_models_batch_costs(
+    engine_process: EngineProcess, smollm_path: Path
+) -> None:
+    """What auto measured at load reaches the window (the Download dialog ranks drafts by it)."""
+    request = LoadRequest(str(smollm_path), str(smollm_path), method="auto", n_ctx=512)
+    engine_process.send(load_command(request))
+    loaded = engine_process.until("loaded", "error")[-1]
+    assert loaded["type"] == "loaded", loaded
+    seconds = {int(size): value for size, value in loaded["main_batch_seconds"].items()}
+    assert 1 in seconds
+    assert len(seconds) >= 2
+    assert all(value > 0 for value in seconds.values())
+    assert seconds[max(seconds)] > seconds[1]  # a batch costs more than one token

@@ -42,7 +42,7 @@ from backends.models.provision import (
     ensure_model,
 )
 from backends.service.hub_drafts import family_query, suggest_drafts
-from backends.speculation.estimates import speedup_ceiling
+from backends.speculation.estimates import BatchCosts, speedup_ceiling
 from tests.hub_standin import (
     HubRepo,
     HubStandin,
@@ -464,6 +464,17 @@ def test_drafts_are_suggested_from_the_mains_family_judged_by_their_headers(
     assert first.best_speedup == pytest.approx(speedup_ceiling(lambda _n: 1.0, share))
     assert 1.0 < first.best_speedup < 4.0
     assert f"{share:.0%} of a main step" in first.explanation
+    assert "verification taken as free" in first.explanation
+    # With the main model's batch costs measured here, verification is what it costs.
+    costs = BatchCosts(seconds={1: 0.1, 2: 0.12, 4: 0.19, 8: 0.3})
+    with serve_hub(*repos) as standin:
+        point_client_at(standin, tmp_path / "hf-home", monkeypatch)
+        measured = suggest_drafts(main, main_costs=costs)
+    assert measured[0].best_speedup == pytest.approx(
+        speedup_ceiling(lambda n: costs.cost(n) / 0.1, share)
+    )
+    assert measured[0].best_speedup < first.best_speedup
+    assert "a batch of 8 tokens costs 3.00 steps" in measured[0].explanation
     # Only headers were read: ranged GETs of a few MB each, no 3B repo, no base model.
     assert all(get.range for get in gets)
     assert sum(get.body_bytes for get in gets) < 40 << 20

@@ -219,6 +219,9 @@ class EngineServer:
             gpus=[asdict(device) for device in _gpus(request)],
             # auto's calibration: how sure, and what speculation can gain here at best.
             calibration=pair.calibration_notes(),
+            # The main model's batch costs auto measured ({size: seconds}; {} for another
+            # method): the Download dialog ranks drafts with them.
+            main_batch_seconds=pair.main_batch_seconds(),
             # Everything the user waited for: both models, probes and the auto calibration.
             seconds=time.perf_counter() - started,
         )

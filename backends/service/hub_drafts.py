@@ -22,7 +22,7 @@ from backends.models.hub import (
     remote_model_info,
     search,
 )
-from backends.speculation.estimates import speedup_ceiling
+from backends.speculation.estimates import BatchCosts, speedup_ceiling
 
 if TYPE_CHECKING:
     from backends.models.gguf_info import ModelInfo
@@ -44,14 +44,24 @@ class DraftSuggestion:
     info: ModelInfo
     best_speedup: float  # every drafted token accepted (Leviathan et al., α = 1)
     draft_step_share: float  # a draft step's cost in main steps: its size over the main's
+    # The main model's verification batches as measured on this machine at its load, in
+    # single steps by batch size (empty: not measured, taken as free).
+    verify_steps: tuple[tuple[int, float], ...] = ()
 
     @property
     def explanation(self) -> str:
         """Where the figure comes from, in one line."""
+        verification = (
+            "verification as measured here at load (a batch of "
+            f"{self.verify_steps[-1][0]} tokens costs {self.verify_steps[-1][1]:.2f} steps)"
+            if self.verify_steps
+            else "verification taken as free (load this main model with auto to use this "
+            "machine's batch costs)"
+        )
         return (
             f"≤ {self.best_speedup:.2f}× at best: a draft step costs about "
             f"{self.draft_step_share:.0%} of a main step (the files' sizes: decoding reads "
-            "every weight once a token), verification taken as free, every draft accepted; "
+            f"every weight once a token), {verification}, every draft accepted; "
             "Find my fastest setup measures the real figure"
         )
 
@@ -74,7 +84,11 @@ def family_query(main: ModelInfo) -> str:
 
 
 def suggest_drafts(
-    main: ModelInfo, *, token: str | None = None, repos: int = SUGGESTION_REPOS
+    main: ModelInfo,
+    *,
+    main_costs: BatchCosts | None = None,
+    token: str | None = None,
+    repos: int = SUGGESTION_REPOS,
 ) -> list[DraftSuggestion]:
     """Drafts for ``main`` from its family on the hub, best expected speed-up first.
 
@@ -82,9 +96,21 @@ def suggest_drafts(
     searched; of each, the file of ``main``'s quantization (else Q4_K_M, else the smallest)
     is judged by its header alone, and only those that can draft are kept. The figure
     ranking them is the ceiling of :func:`backends.speculation.estimates.speedup_ceiling`
-    with a draft step of the files' size ratio and free verification: an upper bound that
-    orders drafts by their cost, not a measurement.
+    with a draft step of the files' size ratio and the verification costs ``main_costs``
+    measured on this machine (the main model's batch costs at its load; free without
+    them): an upper bound that orders drafts by their cost, not a measurement of them.
     """
+    single = main_costs.cost(1) if main_costs is not None else 0.0
+    measured = main_costs if main_costs is not None and single > 0.0 else None
+
+    def verify_steps(size: int) -> float:
+        return measured.cost(size) / single if measured is not None else 1.0
+
+    steps_seen = (
+        tuple((size, verify_steps(size)) for size in sorted(measured.seconds) if size > 1)
+        if measured is not None
+        else ()
+    )
     main_size = parameter_billions(main.size_label) or main.parameter_count / 1e9
     wants_instruct = bool(_INSTRUCT_PATTERN.search(main.name))
     engine: HubEngine = "mlx" if main.format == "mlx" else "llama.cpp"
@@ -111,8 +137,8 @@ def suggest_drafts(
         if not draft_verdict(main, info).can_draft:
             continue
         share = chosen.size / max(main.file_size, 1)
-        best = speedup_ceiling(lambda _size: 1.0, share)
-        suggestions.append(DraftSuggestion(chosen, info, best, share))
+        best = speedup_ceiling(verify_steps, share)
+        suggestions.append(DraftSuggestion(chosen, info, best, share, steps_seen))
     return sorted(suggestions, key=lambda suggestion: -suggestion.best_speedup)
 
 

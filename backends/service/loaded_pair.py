@@ -267,6 +267,11 @@ class LoadedPair:
             found["draft"] = draft
         return found
 
+    def main_batch_seconds(self) -> dict[int, float]:
+        """The main model's batch costs at load, seconds by batch size ({} uncalibrated)."""
+        costs = (self.costs_at_load or self.batch_costs()).get("main")
+        return dict(costs.seconds) if costs is not None else {}
+
     def calibration_notes(self) -> list[str]:
         """How sure auto's calibration is, and what speculation can gain here at best."""
         costs = self.costs_at_load or self.batch_costs()

@@ -15,6 +15,7 @@ from backends.models.hub import fits_here
 from gui.hub_dialog import CHECKING_TEXT, PROGRESS_STEPS, RESUME_TEXT, VERDICT_COLUMN, HubDialog
 from gui.main_window import MainWindow
 from gui.settings import AppSettings
+from tests.gui.conftest import engine_wait, smollm_pair_settings
 from tests.hub_standin import (
     HubRepo,
     HubStandin,
@@ -232,3 +233,30 @@ def test_mlx_repos_are_listed_as_folders_with_their_verdict(
         assert Path(downloaded.args[0]) == (
             tmp_path / "models" / "mlx" / "mlx-community--tiny-draft-4bit"
         )
+
+
+def test_suggestions_use_the_loaded_main_models_measured_batch_costs(
+    qtbot: QtBot, smollm_path: Path
+) -> None:
+    settings = smollm_pair_settings(smollm_path, max_tokens=8)
+    settings.set("speculation_method", "auto")
+    settings.set("context_size", 512)
+    window = MainWindow(settings, offer_first_run=False)
+    qtbot.addWidget(window)
+    window.show()
+    try:
+        with engine_wait(qtbot, window.client, window.models_loaded, 120_000):
+            window.load_when_scanned()
+        dialog = window.open_hub_dialog()
+        assert dialog.main is not None
+        assert dialog.main.path == smollm_path
+        assert dialog.main_costs is not None  # auto's calibration, from the engine process
+        assert dialog.main_costs.cost(1) > 0
+        assert loaded_seconds(window) == dict(dialog.main_costs.seconds)
+    finally:
+        window.shutdown()
+
+
+def loaded_seconds(window: MainWindow) -> dict[int, float]:
+    assert window.loaded is not None
+    return dict(window.loaded.main_batch_seconds)
