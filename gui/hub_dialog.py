@@ -291,9 +291,12 @@ class HubDialog(QDialog):
         return self._listed_files[rows[0].row()] if rows else None
 
     def busy(self) -> bool:
-        """Whether a search, listing, check, login or download is under way."""
-        tasks = (self._task, self._login_task, self._download_task)
-        return any(self._running(task) for task in tasks)
+        """Whether a search, listing, check, login or download is under way.
+
+        A download is until its result has been shown (its thread may end first).
+        """
+        tasks = (self._task, self._login_task)
+        return self._download_task is not None or any(self._running(task) for task in tasks)
 
     def status_text(self) -> str:
         """The line under the table."""

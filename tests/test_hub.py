@@ -191,7 +191,7 @@ def test_a_lost_connection_leaves_no_model_and_the_next_try_resumes(
     path = download(file, models)
     assert hub.file_sha256(path) == file.sha256
     # The paused GET may end on the server after the log was cleared: the ranged one.
-    (resumed,) = [get for get in standin.file_gets() if get.range]
+    (resumed,) = [get for get in standin.file_gets() if get.range and get.body_bytes]
     # From what the part file holds: the client writes in 10 MiB pieces.
     assert resumed.range is not None
     start = int(resumed.range.removeprefix("bytes=").rstrip("-"))
@@ -217,7 +217,7 @@ def test_pause_stops_at_once_and_resume_goes_on_from_there(
     path = download(file, models, progress=lambda done, _total: seen.append(done))
     assert hub.file_sha256(path) == file.sha256
     # The paused GET may end on the server after the log was cleared: the ranged one.
-    (resumed,) = [get for get in standin.file_gets() if get.range]
+    (resumed,) = [get for get in standin.file_gets() if get.range and get.body_bytes]
     assert resumed.range is not None
     assert resumed.range.startswith("bytes=")
     start = int(resumed.range.removeprefix("bytes=").rstrip("-"))
@@ -287,7 +287,20 @@ def test_no_network_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         gguf_files(SMOLLM_REPO)
 
 
-def test_a_full_disk_is_one_line() -> None:
+def fill_the_disk_for(file: HubFile, models: Path) -> None:
+    """Make the download of ``file`` into ``models`` write to /dev/full: ENOSPC, the kernel's."""
+    target = repo_download_dir(models, file.repo_id) / file.filename
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.with_name(target.name + ".part").symlink_to("/dev/full")
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_model(standin: HubStandin, tmp_path: Path) -> None:
+    file = smollm_file(standin)
+    fill_the_disk_for(file, tmp_path)
+    with pytest.raises(HubError, match=r"^downloading hf.co/\S+: the disk is full$"):
+        download(file, tmp_path)
+    assert scan_models([tmp_path]).models == ()
+    # The mapping keeps the file's name where the error has one.
     with (
         pytest.raises(HubError, match=r"downloading x: the disk is full \(/m/x.gguf\)"),
         hub._one_line_errors("downloading x"),
@@ -337,6 +350,15 @@ def test_the_command_line_searches_lists_with_verdicts_and_downloads(
     )
     assert fetched.returncode == 0, fetched.stderr
     assert Path(fetched.stdout.strip()).read_bytes() == smollm_path.read_bytes()
+
+    full_models = tmp_path / "full-models"
+    (small,) = gguf_files(SMOLLM_REPO)
+    fill_the_disk_for(small, full_models)
+    full = run_models_cli(
+        standin, home, "download", SMOLLM_REPO, smollm_path.name, "--models-dir", str(full_models)
+    )
+    assert full.returncode == 1
+    assert full.stderr.strip().splitlines()[-1].endswith(": the disk is full"), full.stderr
 
     gated = run_models_cli(standin, home, "download", GATED_REPO, smollm_path.name)
     assert gated.returncode == 1
@@ -572,7 +594,7 @@ def test_a_split_model_is_one_entry_and_its_shards_arrive_together(
         path = download(split, models)
         # The second shard only, from where it stopped (the paused GET may end on the
         # server after the log was cleared: the ranged one).
-        (resumed,) = [get for get in standin.file_gets() if get.range]
+        (resumed,) = [get for get in standin.file_gets() if get.range and get.body_bytes]
     assert path == repo_download_dir(models, repo.repo_id) / split.filename
     assert sorted(p.name for p in path.parent.iterdir()) == sorted(shards)
     assert not hub.partial_download(split, models)

@@ -597,7 +597,8 @@ def _one_line_errors(doing: str) -> Iterator[None]:
         raise HubError(f"{doing}: the hub answered HTTP {status}{why}") from None
     except OSError as error:
         if error.errno == errno.ENOSPC:
-            raise HubError(f"{doing}: the disk is full ({error.filename or ''})") from None
+            where = f" ({error.filename})" if error.filename else ""
+            raise HubError(f"{doing}: the disk is full{where}") from None
         raise HubError(f"{doing}: {_cause(error)}") from None
     except Exception as error:
         # httpx's connection, DNS and timeout errors (the client's own transport).

@@ -113,7 +113,7 @@ def test_download_pause_mid_file_and_resume_from_there(
     with qtbot.waitSignal(dialog.model_downloaded, timeout=WAIT_MS) as downloaded:
         QTest.mouseClick(dialog.download_button, Qt.MouseButton.LeftButton)
     # The paused GET may end on the server after the log was cleared: the ranged one.
-    (resumed,) = [get for get in standin.file_gets() if get.range]
+    (resumed,) = [get for get in standin.file_gets() if get.range and get.body_bytes]
     assert resumed.range is not None
     assert int(resumed.range.removeprefix("bytes=").rstrip("-")) > 0
     path = Path(downloaded.args[0])
@@ -147,7 +147,7 @@ def test_a_lost_connection_is_one_line_and_download_again_resumes(
     with qtbot.waitSignal(dialog.model_downloaded, timeout=WAIT_MS):
         QTest.mouseClick(dialog.download_button, Qt.MouseButton.LeftButton)
     # The paused GET may end on the server after the log was cleared: the ranged one.
-    (resumed,) = [get for get in standin.file_gets() if get.range]
+    (resumed,) = [get for get in standin.file_gets() if get.range and get.body_bytes]
     assert resumed.range is not None
     assert resumed.range != "bytes=0-"
 
@@ -260,3 +260,22 @@ def test_suggestions_use_the_loaded_main_models_measured_batch_costs(
 def loaded_seconds(window: MainWindow) -> dict[int, float]:
     assert window.loaded is not None
     return dict(window.loaded.main_batch_seconds)
+
+
+def test_a_full_disk_is_one_line_in_the_dialog(
+    qtbot: QtBot, standin: HubStandin, smollm_path: Path, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    dialog = open_dialog(qtbot, None, models)
+    search_and_pick(qtbot, dialog, "smollm2", SMOLLM_REPO)
+    dialog.file_table.selectRow(0)
+    file = dialog.chosen_file()
+    assert file is not None
+    part = hub.repo_download_dir(models, SMOLLM_REPO) / (file.filename + ".part")
+    part.parent.mkdir(parents=True)
+    part.symlink_to("/dev/full")  # every write fails with ENOSPC, as on a full disk
+    QTest.mouseClick(dialog.download_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: "the disk is full" in dialog.status_text(), timeout=WAIT_MS)
+    assert (
+        dialog.status_text() == f"downloading hf.co/{SMOLLM_REPO}/{file.filename}: the disk is full"
+    )
