@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-import psutil
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -36,6 +35,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backends.engines.hardware import available_memory
 from backends.errors import SpecDeckError
 from backends.models import hub
 from backends.models.draft_verdict import draft_verdict
@@ -89,6 +89,7 @@ class HubDialog(QDialog):
         self.resize(*DIALOG_SIZE)
         self.main = main
         self.main_costs: BatchCosts | None = None
+        self.gpu_free: tuple[int, str] | None = None
         self.models_dir = models_dir
         self._token: str | None = None
         self._task: BackgroundTask | None = None  # searching, listing, checking
@@ -180,14 +181,22 @@ class HubDialog(QDialog):
 
     # -- what the user does --------------------------------------------------------------
 
-    def set_main(self, main: ModelInfo | None, main_costs: BatchCosts | None = None) -> None:
+    def set_main(
+        self,
+        main: ModelInfo | None,
+        main_costs: BatchCosts | None = None,
+        gpu_free: tuple[int, str] | None = None,
+    ) -> None:
         """Judge files as drafts for ``main`` from the next listing on (None: no verdicts).
 
-        ``main_costs``: its batch costs measured on this machine (it is loaded), with which
-        suggested drafts are ranked.
+        What the loaded pair's engine measured of this machine, when there is one:
+        ``main_costs``, the main model's batch costs (suggested drafts are ranked with
+        them), and ``gpu_free``, the GPUs' free bytes and the first one's name ("Fits
+        here" says GPU only then; the window itself never loads llama.cpp's GPU code).
         """
         self.main = main
         self.main_costs = main_costs
+        self.gpu_free = gpu_free
         self.main_label.setText(
             f"Main model: <b>{main.display_name}</b>, {main.size_label}: each file says "
             "whether it can draft for it, from its header (a few MB), before it is downloaded"
@@ -321,12 +330,12 @@ class HubDialog(QDialog):
         if item is None:
             return
         repo_id = self._listing_repo = str(item.data(REPO_ROLE))
-        token, main = self._token, self.main
+        token, main, gpu = self._token, self.main, self.gpu_free
         list_files = hub.mlx_folders if self._listed_engine == "mlx" else hub.gguf_files
 
         def work(report: Callable[[object], None], cancel: threading.Event) -> object:
             files = list_files(repo_id, token=token)
-            ram, gpu = psutil.virtual_memory().available, _gpu_free()
+            ram = available_memory()
             report(("files", files, [fits_here(file.size, ram, gpu) for file in files]))
             for row, file in enumerate(files if main is not None else ()):
                 if cancel.is_set():
@@ -368,9 +377,9 @@ class HubDialog(QDialog):
         assert isinstance(result, list)
         suggestions = [s for s in result if isinstance(s, DraftSuggestion)]
         self._clear_repos()
-        ram = psutil.virtual_memory().available
+        ram = available_memory()
         files = [suggestion.file for suggestion in suggestions]
-        self._fill_files(files, [fits_here(file.size, ram, None) for file in files], "")
+        self._fill_files(files, [fits_here(file.size, ram, self.gpu_free) for file in files], "")
         for row, suggestion in enumerate(suggestions):
             self.file_table.setItem(row, FILE_COLUMN, QTableWidgetItem(suggestion.file.repo_id))
             verdict = QTableWidgetItem(
@@ -477,9 +486,3 @@ class HubDialog(QDialog):
         self._pause.set()
         self._task_cancel.set()
         super().reject()
-
-
-def _gpu_free() -> tuple[int, str] | None:
-    from backends.engines.hardware import gpu_free_memory
-
-    return gpu_free_memory()

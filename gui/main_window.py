@@ -41,6 +41,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backends.engines.hardware import GPU_KINDS
 from backends.engines.worker_probe import parse_workers
 from backends.errors import SettingsError, SpecDeckError
 from backends.models.catalog import CatalogScan
@@ -416,7 +417,14 @@ class MainWindow(QMainWindow):
             and Path(load.main_path) == Path(main.path)
             else None
         )
-        self.hub_dialog.set_main(main, measured)
+        # The GPUs the engine found at the load (the window loads no GPU code itself).
+        gpus = [gpu for gpu in (loaded.gpus if loaded else ()) if gpu.kind in GPU_KINDS]
+        gpu_free = (
+            (sum(gpu.memory_free or 0 for gpu in gpus), gpus[0].description or gpus[0].name)
+            if gpus
+            else None
+        )
+        self.hub_dialog.set_main(main, measured, gpu_free)
         self.hub_dialog.show()
         self.hub_dialog.raise_()
         return self.hub_dialog

@@ -15,6 +15,7 @@ from backends.models.provision import (
     SMALL_TEST_KEY,
     ensure_model,
 )
+from tests.hub_standin import HubRepo, HubStandin, point_client_at, serve_hub
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -223,3 +224,38 @@ def smollm_mlx(smollm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     assert fractions == sorted(fractions)
     assert events[-1].stage == "done"
     return folder
+
+
+# --- a stand-in of the Hugging Face hub (tests/hub_standin.py) for the hub's tests ---------
+
+SMOLLM_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+GATED_REPO = "meta-llama/Llama-Gated-GGUF"
+MLX_REPO = "mlx-community/Qwen2.5-Coder-0.5B-Instruct-4bit"
+TOKEN = "hf_standin_token"
+
+
+@pytest.fixture
+def standin(
+    smollm_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[HubStandin]:
+    """The hub with SmolLM2's GGUF, a gated copy of it, and an MLX repo."""
+    with serve_hub(*small_repos(smollm_path, tmp_path)) as running:
+        point_client_at(running, tmp_path / "hf-home", monkeypatch)
+        yield running
+
+
+def small_repos(smollm_path: Path, tmp_path: Path) -> list[HubRepo]:
+    """SmolLM2's GGUF (and a README), a gated copy of it, an MLX repo with no weights."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# a model\n")
+    return [
+        HubRepo(SMOLLM_REPO, {smollm_path.name: smollm_path, "README.md": readme}, downloads=500),
+        HubRepo(
+            GATED_REPO,
+            {smollm_path.name: smollm_path},
+            gated="manual",
+            access_tokens=frozenset({TOKEN}),
+            downloads=10,
+        ),
+        HubRepo(MLX_REPO, {"README.md": readme}, tags=("mlx",), library_name="mlx"),
+    ]

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -43,6 +42,7 @@ from backends.models.provision import (
 )
 from backends.service.hub_drafts import family_query, suggest_drafts
 from backends.speculation.estimates import BatchCosts, speedup_ceiling
+from tests.conftest import GATED_REPO, MLX_REPO, SMOLLM_REPO, TOKEN, small_repos
 from tests.hub_standin import (
     HubRepo,
     HubStandin,
@@ -52,40 +52,7 @@ from tests.hub_standin import (
 )
 from tests.test_provision import SyntheticModel, forbid_pip, synthetic_model  # noqa: F401
 
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
 QWEN_DRAFT_REPO = "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF"
-SMOLLM_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
-GATED_REPO = "meta-llama/Llama-Gated-GGUF"
-MLX_REPO = "mlx-community/Qwen2.5-Coder-0.5B-Instruct-4bit"
-TOKEN = "hf_standin_token"
-
-
-@pytest.fixture
-def standin(
-    smollm_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[HubStandin]:
-    """The hub with SmolLM2's GGUF, a gated copy of it, and an MLX repo."""
-    with serve_hub(*small_repos(smollm_path, tmp_path)) as running:
-        point_client_at(running, tmp_path / "hf-home", monkeypatch)
-        yield running
-
-
-def small_repos(smollm_path: Path, tmp_path: Path) -> list[HubRepo]:
-    readme = tmp_path / "README.md"
-    readme.write_text("# a model\n")
-    return [
-        HubRepo(SMOLLM_REPO, {smollm_path.name: smollm_path, "README.md": readme}, downloads=500),
-        HubRepo(
-            GATED_REPO,
-            {smollm_path.name: smollm_path},
-            gated="manual",
-            access_tokens=frozenset({TOKEN}),
-            downloads=10,
-        ),
-        HubRepo(MLX_REPO, {"README.md": readme}, tags=("mlx",), library_name="mlx"),
-    ]
 
 
 def smollm_file(standin: HubStandin) -> HubFile:

@@ -142,15 +142,13 @@ def _run_search(query: str, mlx: bool, limit: int, token: str | None) -> int:
 
 
 def _run_files(repo_id: str, draft_for: Path | None, token: str | None) -> int:
-    import psutil
-
-    from backends.engines.hardware import gpu_free_memory
+    from backends.engines.hardware import available_memory, gpu_free_memory
     from backends.models.draft_verdict import draft_verdict
     from backends.models.gguf_info import read_model_info
     from backends.models.hub import cached_copy, fits_here, gguf_files, remote_model_info
 
     main = read_model_info(draft_for) if draft_for is not None else None
-    ram_free, gpu_free = psutil.virtual_memory().available, gpu_free_memory()
+    ram_free, gpu_free = available_memory(), gpu_free_memory()
     rows = [("FILE", "QUANT", "SIZE", "FITS HERE", *(("AS DRAFT",) if main else ()))]
     for file in gguf_files(repo_id, token=token):
         fits = fits_here(file.size, ram_free, gpu_free)

@@ -15,6 +15,7 @@ from backends.models.hub import fits_here
 from gui.hub_dialog import CHECKING_TEXT, PROGRESS_STEPS, RESUME_TEXT, VERDICT_COLUMN, HubDialog
 from gui.main_window import MainWindow
 from gui.settings import AppSettings
+from tests.conftest import GATED_REPO, SMOLLM_REPO, TOKEN
 from tests.gui.conftest import engine_wait, smollm_pair_settings
 from tests.hub_standin import (
     HubRepo,
@@ -25,33 +26,9 @@ from tests.hub_standin import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from pytestqt.qtbot import QtBot
 
-SMOLLM_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
-GATED_REPO = "meta-llama/Llama-Gated-GGUF"
-TOKEN = "hf_standin_token"
 WAIT_MS = 30_000
-
-
-@pytest.fixture
-def standin(
-    smollm_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[HubStandin]:
-    repos = [
-        HubRepo(SMOLLM_REPO, {smollm_path.name: smollm_path}, downloads=500),
-        HubRepo(
-            GATED_REPO,
-            {smollm_path.name: smollm_path},
-            gated="manual",
-            access_tokens=frozenset({TOKEN}),
-            downloads=10,
-        ),
-    ]
-    with serve_hub(*repos) as running:
-        point_client_at(running, tmp_path / "hf-home", monkeypatch)
-        yield running
 
 
 def open_dialog(qtbot: QtBot, main: Path | None, models: Path) -> HubDialog:
