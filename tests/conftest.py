@@ -16,8 +16,10 @@ from backends.models.provision import (
     ensure_model,
 )
 from tests.hub_standin import HubRepo, HubStandin, point_client_at, serve_hub
+from tests.prestarted import Command, PrestartedRuns, commands_of
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Iterator, Sequence
     from pathlib import Path
 
@@ -63,6 +65,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             f"these tests need the default pair but lack @pytest.mark.{DEFAULT_PAIR_MARKER} "
             "(scripts/test --quick would run them): " + "; ".join(unmarked)
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prestarted_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PrestartedRuns]:
+    """The slow commands of the selected tests, started at once in the background
+    (:mod:`tests.prestarted`)."""
+    runs = PrestartedRuns(commands_of(request.session.items, tmp_path_factory.mktemp))
+    runs.start()
+    yield runs
+    runs.stop()
+
+
+@pytest.fixture
+def prestarted(
+    prestarted_runs: PrestartedRuns, request: pytest.FixtureRequest
+) -> subprocess.CompletedProcess[str]:
+    """The finished run of the command this test is marked with (``@pytest.mark.prestarted``)."""
+    return prestarted_runs.result(request.node.nodeid)
+
+
+@pytest.fixture
+def prestarted_command(prestarted_runs: PrestartedRuns, request: pytest.FixtureRequest) -> Command:
+    """The command this test is marked with, as it was started."""
+    return prestarted_runs.command(request.node.nodeid)
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,10 @@ import pytest
 from backends.engines.hardware import LlamaBuildInfo
 from backends.engines.load_guard import CRASH_AT_ENV, CRASH_RECORDS_FILE
 from backends.engines.weight_placement import cpu_flags
+from backends.models.provision import SMALL_TEST_KEY, ensure_model
 from backends.paths import DATA_DIR_ENV
 from backends.speculation.estimates import CALIBRATION_SIZES, DRAFT_CALIBRATION_SIZES
+from tests.prestarted import Command
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -246,13 +248,22 @@ def test_impossible_settings(smollm_path: Path, args: tuple[str, ...], needle: s
     assert_one_line_error(run_bench("--main", smollm_path, "--draft", smollm_path, *args), needle)
 
 
+def suite_command(_scratch: Path) -> Command:
+    """The suite on the small model's type-hints prompt, at most 96 tokens (its answer has
+    256: the lookups copy by then), as JSON; 30 s of bench, run in the background from the
+    session's start (:mod:`tests.prestarted`)."""
+    smollm = str(ensure_model(SMALL_TEST_KEY))
+    args = ["--main", smollm, "--draft", smollm, "--suite", "--suite-prompts", "type-hints"]
+    return Command([*BENCH, *args, "--max-tokens", "96", "--json"])
+
+
 @pytest.mark.heavy
-def test_suite_table_and_json(smollm_path: Path) -> None:
+@pytest.mark.prestarted(command_of=suite_command)
+def test_suite_table_and_json(
+    prestarted: subprocess.CompletedProcess[str], smollm_path: Path
+) -> None:
     """The suite on the small model: every method on the chosen prompts, in one table."""
-    common = ("--main", smollm_path, "--draft", smollm_path, "--suite")
-    # Each prompt at most 96 tokens (type-hints has 256 of its own): the lookups copy by then.
-    capped = ("--max-tokens", "96")
-    done = run_bench(*common, "--suite-prompts", "type-hints", *capped, "--json", timeout=600)
+    done = prestarted
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     runs = data["runs"]
@@ -272,6 +283,7 @@ def test_suite_table_and_json(smollm_path: Path) -> None:
     lookups = [run for run in runs if run["method"].startswith("ngram")]
     assert any(run["accepted_draft_tokens_count"] > 0 for run in lookups)
 
+    common = ("--main", smollm_path, "--draft", smollm_path, "--suite")
     table = run_bench(*common, "--suite-prompts", "quicksort", "--max-tokens", "32", timeout=600)
     assert table.returncode == 0, table.stderr
     assert "draft lengths" in table.stdout

@@ -14,8 +14,10 @@ import pytest
 
 from backends.engines.hardware import VULKAN_EXACT_BATCH
 from backends.engines.llama import LlamaEngine, LlamaLoadSettings
+from backends.models.provision import SMALL_TEST_KEY, ensure_model
 from benchmarks import gpu_check
-from tests.test_vulkan import lavapipe_env, needs_lavapipe
+from tests.prestarted import Command
+from tests.test_vulkan import lavapipe_env, lavapipe_found, needs_lavapipe
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -91,20 +93,31 @@ def test_cheap_batches_predict_more_speed_and_longer_drafts() -> None:
     assert best["best_draft_length"] >= 4
 
 
-def run_check(smollm_path: Path, env: dict[str, str] | None, *extra: str) -> dict[str, Any]:
-    command = [sys.executable, "-m", "benchmarks.gpu_check", "run", "--cpu"]
-    command += ["--main", str(smollm_path), "--draft", str(smollm_path), "--json", *extra]
-    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=500)
+def check_command(env: dict[str, str] | None, *extra: str) -> Command:
+    """``gpu_check run --cpu`` on random models of SmolLM2's shapes, as JSON; run in the
+    background from the session's start (:mod:`tests.prestarted`)."""
+    model = str(ensure_model(SMALL_TEST_KEY))
+    args = [sys.executable, "-m", "benchmarks.gpu_check", "run", "--cpu"]
+    args += ["--main", model, "--draft", model, "--json", *extra]
+    return Command(args, env=env, timeout=500)
+
+
+def check_report(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout)
     return result
 
 
 @pytest.mark.heavy
-def test_the_check_runs_on_this_machine_s_cpu(smollm_path: Path) -> None:
+@pytest.mark.prestarted(
+    command_of=lambda _scratch: check_command(None, "--timings", "1", "--cached-tokens", "32")
+)
+def test_the_check_runs_on_this_machine_s_cpu(
+    prestarted: subprocess.CompletedProcess[str], smollm_path: Path
+) -> None:
     """``run --cpu``: random models of SmolLM2's shapes, every batch size timed, the probe,
     and a prediction for every suite prompt."""
-    result = run_check(smollm_path, None, "--timings", "1", "--cached-tokens", "32")
+    result = check_report(prestarted)
     main, draft = result["measured"]["main"], result["measured"]["draft"]
     assert list(main["batch_ms"]) == [str(n) for n in gpu_check.BATCH_SIZES]
     assert all(ms > 0 for ms in main["batch_ms"].values())
@@ -118,21 +131,28 @@ def test_the_check_runs_on_this_machine_s_cpu(smollm_path: Path) -> None:
     assert all(row["predicted_speedup"] > 0 for row in predicted)
 
 
-@pytest.mark.heavy
-@needs_lavapipe
-def test_the_check_on_lavapipe_puts_both_on_the_gpu_and_finds_the_exact_batches(
-    smollm_path: Path,
-) -> None:
-    """On a Vulkan device both random models go fully onto it, and with SpecDeck's Vulkan
-    patch batches of up to 8 (its default) are exact: the probe goes one size past, as the
-    engine's own probe does on Vulkan (to 16 it took 85 s more on lavapipe, Intel Xeon, 2
-    cores)."""
+def lavapipe_check_command(_scratch: Path) -> Command | None:
+    """The check on lavapipe, probing one size past SpecDeck's Vulkan limit (to 16 it took
+    85 s more on lavapipe, Intel Xeon, 2 cores)."""
+    if not lavapipe_found():
+        return None
     probe_max = str(VULKAN_EXACT_BATCH + 1)
-    result = run_check(
-        smollm_path,
+    return check_command(
         lavapipe_env(),  # without GGML_VK_EXACT_BATCH: the patch's default
         *("--timings", "1", "--batch-max", "4", "--cached-tokens", "16", "--probe-max", probe_max),
     )
+
+
+@pytest.mark.heavy
+@needs_lavapipe
+@pytest.mark.prestarted(command_of=lavapipe_check_command)
+def test_the_check_on_lavapipe_puts_both_on_the_gpu_and_finds_the_exact_batches(
+    prestarted: subprocess.CompletedProcess[str],
+) -> None:
+    """On a Vulkan device both random models go fully onto it, and with SpecDeck's Vulkan
+    patch batches of up to 8 (its default) are exact: the probe goes one size past, as the
+    engine's own probe does on Vulkan."""
+    result = check_report(prestarted)
     main, draft = result["measured"]["main"], result["measured"]["draft"]
     assert "layers on GPU (Vulkan0: llvmpipe" in main["placement"]
     assert "layers on GPU (Vulkan0: llvmpipe" in draft["placement"]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,16 +25,17 @@ from backends.models.gguf_to_mlx import (
     mlx_folder_for,
     unpermute_rows,
 )
+from backends.models.provision import SMALL_TEST_KEY, ensure_model
 from backends.paths import MODELS_DIR_ENV
 from backends.service.models_cli import main as specdeck_models
 from backends.speculation.loop import SpeculativeDecoder
 from backends.speculation.ngram import NgramSimpleDrafter
 from backends.speculation.types import GenerationSettings
 from tests.conftest import TEST_CONTEXT, user
+from tests.prestarted import Command
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from pathlib import Path
 
     from backends.engines.interface import ModelEngine
 
@@ -236,50 +238,27 @@ def test_imported_qwen_greedy_speculation_is_plain_decoding(
     assert "def add_one" in plain.text
 
 
-FIRST_USE_TEST = "test_bench_imports_a_gguf_on_first_use_and_reuses_it"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def first_use_bench(
-    request: pytest.FixtureRequest, smollm_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[subprocess.Popen[str], Path] | None]:
-    """The first-use bench (its test is the module's last), started with the module's first.
-
-    MLX's CPU backend computes on one thread: the bench's 45 s in its own process run beside
-    the tests before it on the other core (AMD EPYC (without AMX), 2 cores) instead of after
-    them. Nothing starts where that test is not selected.
-    """
-    if not any(item.name == FIRST_USE_TEST for item in request.session.items):
-        yield None
-        return
-    models = tmp_path_factory.mktemp("first-use") / "models"
-    bench = [sys.executable, "-m", "backends.service.bench", "--engine", "mlx", "--json"]
-    pair = ["--main", str(smollm_path), "--draft", str(smollm_path), "--method", "draft-model"]
-    short = ["--fixed-draft", "--p-min", "0", "--max-tokens", "16", "--ctx", "1024"]
-    short += ["--system", "Be brief."]  # 13 prompt tokens fewer than SmolLM2's own, read 3 times
-    process = subprocess.Popen(
-        [*bench, *pair, *short],
-        env={**os.environ, MODELS_DIR_ENV: str(models)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        yield process, models
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+def first_use_command(scratch: Path) -> Command:
+    """The bench on MLX with a GGUF pair and an empty models folder (``scratch``): it imports
+    the GGUF on first use. MLX's CPU backend computes on one thread, so the bench's 45 s run
+    in the background beside the other tests (:mod:`tests.prestarted`)."""
+    smollm = str(ensure_model(SMALL_TEST_KEY))
+    args = [sys.executable, "-m", "backends.service.bench", "--engine", "mlx", "--json"]
+    args += ["--main", smollm, "--draft", smollm, "--method", "draft-model"]
+    args += ["--fixed-draft", "--p-min", "0", "--max-tokens", "16", "--ctx", "1024"]
+    args += ["--system", "Be brief."]  # 13 prompt tokens fewer than SmolLM2's own, read 3 times
+    return Command(args, env={**os.environ, MODELS_DIR_ENV: str(scratch / "models")})
 
 
 @pytest.mark.heavy
+@pytest.mark.prestarted(command_of=first_use_command)
 def test_bench_imports_a_gguf_on_first_use_and_reuses_it(
-    first_use_bench: tuple[subprocess.Popen[str], Path] | None, smollm_path: Path
+    prestarted: subprocess.CompletedProcess[str], prestarted_command: Command, smollm_path: Path
 ) -> None:
-    assert first_use_bench is not None
-    process, models = first_use_bench
-    stdout, stderr = process.communicate(timeout=600)
-    assert process.returncode == 0, stderr
+    stdout, stderr = prestarted.stdout, prestarted.stderr
+    assert prestarted.returncode == 0, stderr
+    assert prestarted_command.env is not None
+    models = Path(prestarted_command.env[MODELS_DIR_ENV])
     folder = models / "mlx" / smollm_path.stem
     assert read_catalog_model(folder).format == "mlx"
     # One import with a progress bar for the main model; the draft (same file) reuses it.

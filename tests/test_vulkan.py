@@ -17,11 +17,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from backends.engines.hardware import unloaded_gpu_backends
+from backends.models.provision import SMALL_TEST_KEY, ensure_model
 from backends.paths import CACHE_DIR_ENV
+from tests.prestarted import Command
 
 REPO = Path(__file__).resolve().parent.parent
 LAVAPIPE_ICD = sorted(glob.glob("/usr/share/vulkan/icd.d/lvp_icd*.json"))
@@ -34,8 +37,13 @@ def _vulkan_library() -> Path | None:
     return library if library.exists() else None
 
 
+def lavapipe_found() -> bool:
+    """Whether this llama.cpp build has the Vulkan backend and Mesa's lavapipe is installed."""
+    return _vulkan_library() is not None and bool(LAVAPIPE_ICD)
+
+
 needs_lavapipe = pytest.mark.skipif(
-    _vulkan_library() is None or not LAVAPIPE_ICD,
+    not lavapipe_found(),
     reason="no Vulkan backend in this llama.cpp build or no lavapipe (mesa-vulkan-drivers)",
 )
 
@@ -82,61 +90,40 @@ def load_one(model: Path, gpu_layers: int, role: str, env: dict[str, str]) -> di
 FIXED_DRAFTS = ("--method", "draft-model", "--fixed-draft", "--draft-max", "4")
 
 
-def bench(
-    model: Path, gpu_layers: int, env: dict[str, str], method: tuple[str, ...] = FIXED_DRAFTS
-) -> dict[str, object]:
-    """specdeck-bench, SmolLM2 drafting for itself (by default 4 tokens a draft every round)."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "backends.service.bench",
-            "--main",
-            str(model),
-            "--draft",
-            str(model),
-            "--draft-weights",
-            "stored",
-            "--gpu-layers",
-            str(gpu_layers),
-            *method,
-            "--ctx",
-            "512",
-            "--max-tokens",
-            "12",
-            "--no-warmup",
-            # A short system prompt instead of SmolLM2's own: 25 prompt tokens, not 38 (a row
-            # takes 0.3-0.4 s on lavapipe, Intel Xeon, 2 cores; a run reads the prompt 3 times).
-            "--system",
-            "Be brief.",
-            "--prompt",
-            "Count from one to ten in words.",
-            "--json",
-        ],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def bench_command(gpu_layers: int, method: tuple[str, ...] = FIXED_DRAFTS) -> Command | None:
+    """specdeck-bench on lavapipe, SmolLM2 drafting for itself (by default 4 tokens a draft
+    every round); run in the background from the session's start (:mod:`tests.prestarted`),
+    a minute of lavapipe each. None where there is no lavapipe (the tests say so)."""
+    if not lavapipe_found():
+        return None
+    model = str(ensure_model(SMALL_TEST_KEY))
+    args = [sys.executable, "-m", "backends.service.bench", "--main", model, "--draft", model]
+    args += ["--draft-weights", "stored", "--gpu-layers", str(gpu_layers), *method]
+    args += ["--ctx", "512", "--max-tokens", "12", "--no-warmup", "--json"]
+    # A short system prompt instead of SmolLM2's own: 25 prompt tokens, not 38 (a row takes
+    # 0.3-0.4 s on lavapipe, Intel Xeon, 2 cores; a run reads the prompt 3 times).
+    args += ["--system", "Be brief.", "--prompt", "Count from one to ten in words."]
+    return Command(args, env=lavapipe_env(), timeout=600)
+
+
+def bench_report(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, object] = json.loads(done.stdout)
+    result: dict[str, Any] = json.loads(done.stdout)
     return result
 
 
 @needs_lavapipe
 @pytest.mark.heavy
-def test_pair_on_the_gpu_verifies_exactly(smollm_path: Path) -> None:
+@pytest.mark.prestarted(command_of=lambda _scratch: bench_command(-1))
+def test_pair_on_the_gpu_verifies_exactly(prestarted: subprocess.CompletedProcess[str]) -> None:
     """Both models on the Vulkan device, verification batches exact: the text is plain's."""
-    result = bench(smollm_path, -1, lavapipe_env())
+    result = bench_report(prestarted)
     load = result["load"]
-    assert isinstance(load, dict)
     on_gpu = "Vulkan: all 30 layers on GPU (Vulkan0: llvmpipe), KV cache on GPU"
     assert load["main_placement"] == on_gpu
     assert load["draft_placement"] == on_gpu
     assert load["exact_batch_limit"] == 8
     speculative = result["speculative"]
-    assert isinstance(speculative, dict)
     assert result["identical"] is True
     assert speculative["accepted_draft_tokens_count"] > 0
     # Drafts were checked in batches of several tokens on the GPU, not one at a time.
@@ -145,19 +132,20 @@ def test_pair_on_the_gpu_verifies_exactly(smollm_path: Path) -> None:
 
 @needs_lavapipe
 @pytest.mark.heavy
-def test_auto_measures_its_costs_on_the_gpu_and_says_where(smollm_path: Path) -> None:
+@pytest.mark.prestarted(command_of=lambda _scratch: bench_command(-1, method=("--method", "auto")))
+def test_auto_measures_its_costs_on_the_gpu_and_says_where(
+    prestarted: subprocess.CompletedProcess[str],
+) -> None:
     """auto's cost table is timed on the device the models run on, and the line that says
     what speculation can gain at best there names it: the tuner's explanations use both."""
-    result = bench(smollm_path, -1, lavapipe_env(), method=("--method", "auto"))
+    result = bench_report(prestarted)
     load = result["load"]
-    assert isinstance(load, dict)
     calibration = load["calibration"]
     assert isinstance(calibration, list)
     assert any(line.startswith("at best on this GPU (Vulkan0: llvmpipe): ") for line in calibration)
     # A software GPU: the calibration is cut to its budget, and says so.
     assert any(line.endswith("to keep within 10 s on a slow device") for line in calibration)
     costs = load["batch_costs_ms"]
-    assert isinstance(costs, dict)
     main_costs = costs["at_load"]["main"]
     assert len(main_costs) >= 2
     assert all(ms > 0 for ms in main_costs.values())
@@ -166,10 +154,12 @@ def test_auto_measures_its_costs_on_the_gpu_and_says_where(smollm_path: Path) ->
 
 @needs_lavapipe
 @pytest.mark.heavy
-def test_split_main_keeps_the_draft_whole_on_the_gpu(smollm_path: Path) -> None:
-    result = bench(smollm_path, 10, lavapipe_env())
+@pytest.mark.prestarted(command_of=lambda _scratch: bench_command(10))
+def test_split_main_keeps_the_draft_whole_on_the_gpu(
+    prestarted: subprocess.CompletedProcess[str],
+) -> None:
+    result = bench_report(prestarted)
     load = result["load"]
-    assert isinstance(load, dict)
     # llama.cpp counts the output layer among the 10 it offloads: 9 repeating layers go,
     # and the report says what llama.cpp did, not what was asked.
     assert load["main_placement"].startswith(
@@ -221,24 +211,26 @@ with llama.LlamaEngine(sys.argv[1], settings) as engine:
 """
 
 
+def probes_command(scratch: Path) -> Command | None:
+    """The probes of a load on lavapipe with ``GGML_VK_EXACT_BATCH=3``, from an empty
+    exactness memory (``scratch``): the probe runs, not an answer from an earlier load."""
+    if not lavapipe_found():
+        return None
+    args = [sys.executable, "-c", _PROBES, str(ensure_model(SMALL_TEST_KEY))]
+    env = lavapipe_env(GGML_VK_EXACT_BATCH="3", **{CACHE_DIR_ENV: str(scratch)})
+    return Command(args, env=env, timeout=300)
+
+
 @needs_lavapipe
 @pytest.mark.heavy
+@pytest.mark.prestarted(command_of=probes_command)
 def test_the_probe_on_vulkan_stops_one_size_past_the_patch_s_limit(
-    smollm_path: Path, tmp_path: Path
+    prestarted: subprocess.CompletedProcess[str],
 ) -> None:
     """Batches past GGML_VK_EXACT_BATCH take other shaders: the probe tries one size more
     (a single step of the probe costs 0.41 s on lavapipe) and promises only what it saw."""
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBES, str(smollm_path)],
-        # An empty exactness memory: the probe runs, not an answer from an earlier load.
-        env=lavapipe_env(GGML_VK_EXACT_BATCH="3", **{CACHE_DIR_ENV: str(tmp_path)}),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert prestarted.returncode == 0, prestarted.stderr[-3000:]
+    result = json.loads(prestarted.stdout.strip().splitlines()[-1])
     assert result["probes"] == [[4, 4]]
     assert result["exact"] == 3
 
