@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pytest
@@ -16,7 +17,7 @@ from backends.models.provision import (
     ensure_model,
 )
 from tests.hub_standin import HubRepo, HubStandin, point_client_at, serve_hub
-from tests.prestarted import Command, PrestartedRuns, commands_of
+from tests.prestarted import Command, CommandProblem, PrestartedRuns, commands_of
 
 if TYPE_CHECKING:
     import subprocess
@@ -67,30 +68,50 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         )
 
 
+@dataclass
+class Prestarted:
+    """The session's background runs and the marked tests whose command could not be made."""
+
+    runs: PrestartedRuns
+    problems: dict[str, CommandProblem]
+
+    def run_of(self, nodeid: str) -> PrestartedRuns:
+        if nodeid in self.problems:
+            raise self.problems[nodeid].error
+        if not self.runs.has(nodeid):
+            pytest.fail(
+                f"{nodeid} asks for its prestarted run, but it is not marked "
+                "@pytest.mark.prestarted(command_of=...) or its command_of returned None "
+                "without a skip marker that skips it here"
+            )
+        return self.runs
+
+
 @pytest.fixture(scope="session", autouse=True)
 def prestarted_runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PrestartedRuns]:
+) -> Iterator[Prestarted]:
     """The slow commands of the selected tests, started at once in the background
     (:mod:`tests.prestarted`)."""
-    runs = PrestartedRuns(commands_of(request.session.items, tmp_path_factory.mktemp))
+    commands, problems = commands_of(request.session.items, tmp_path_factory.mktemp)
+    runs = PrestartedRuns(commands)
     runs.start()
-    yield runs
+    yield Prestarted(runs, problems)
     runs.stop()
 
 
 @pytest.fixture
 def prestarted(
-    prestarted_runs: PrestartedRuns, request: pytest.FixtureRequest
+    prestarted_runs: Prestarted, request: pytest.FixtureRequest
 ) -> subprocess.CompletedProcess[str]:
     """The finished run of the command this test is marked with (``@pytest.mark.prestarted``)."""
-    return prestarted_runs.result(request.node.nodeid)
+    return prestarted_runs.run_of(request.node.nodeid).result(request.node.nodeid)
 
 
 @pytest.fixture
-def prestarted_command(prestarted_runs: PrestartedRuns, request: pytest.FixtureRequest) -> Command:
+def prestarted_command(prestarted_runs: Prestarted, request: pytest.FixtureRequest) -> Command:
     """The command this test is marked with, as it was started."""
-    return prestarted_runs.command(request.node.nodeid)
+    return prestarted_runs.run_of(request.node.nodeid).command(request.node.nodeid)
 
 
 @pytest.fixture(scope="session")

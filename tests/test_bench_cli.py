@@ -263,9 +263,8 @@ def test_suite_table_and_json(
     prestarted: subprocess.CompletedProcess[str], smollm_path: Path
 ) -> None:
     """The suite on the small model: every method on the chosen prompts, in one table."""
-    done = prestarted
-    assert done.returncode == 0, done.stderr
-    data = json.loads(done.stdout)
+    assert prestarted.returncode == 0, prestarted.stderr
+    data = json.loads(prestarted.stdout)
     runs = data["runs"]
     from backends.service.bench_suite import SUITE_METHODS
 

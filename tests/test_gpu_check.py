@@ -103,6 +103,7 @@ def check_command(env: dict[str, str] | None, *extra: str) -> Command:
 
 
 def check_report(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The run\'s JSON report, once it is known to have ended well."""
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout)
     return result

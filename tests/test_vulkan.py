@@ -107,6 +107,7 @@ def bench_command(gpu_layers: int, method: tuple[str, ...] = FIXED_DRAFTS) -> Co
 
 
 def bench_report(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The run\'s JSON report, once it is known to have ended well."""
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout)
     return result
