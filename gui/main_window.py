@@ -749,6 +749,8 @@ class MainWindow(QMainWindow):
             self.chat.rerender()
             self.compare_view.rerender()
             self.conversations.view.viewport().update()
+            if (tuning := self.fastest_setup.dialog) is not None:
+                tuning.recolour()
 
     def _update_controls(self) -> None:
         answering = self.answers.busy

@@ -184,6 +184,7 @@ class TuningDialog(QDialog):
 
         self._rows: list[TuningRow] = []
         self._winner: TuningRow | None = None
+        self._verdicts: list[DraftVerdict] = []
         self._running = False
 
     # -- what the main window tells it -------------------------------------------------------
@@ -202,17 +203,28 @@ class TuningDialog(QDialog):
             "the speed measured on this machine. Your chats are not touched."
         )
         self.intro.show()
+        self._verdicts = list(verdicts)
         self.drafts.setRowCount(0)
         for verdict in verdicts:
             row = self.drafts.rowCount()
             self.drafts.insertRow(row)
             self.drafts.setItem(row, 0, _cell(verdict.draft.path.name, str(verdict.draft.path)))
-            verdict_cell = _cell(verdict.title, verdict.summary)
-            if verdict.can_draft:
-                verdict_cell.setBackground(colours().draft_background)
-            self.drafts.setItem(row, 1, verdict_cell)
+            self.drafts.setItem(row, 1, _cell(verdict.title, verdict.summary))
             self.drafts.setItem(row, 2, _cell(verdict.reason, verdict.reason))
         self.drafts.resizeRowsToContents()
+        self.recolour()
+
+    def recolour(self) -> None:
+        """Mark the drafts that can draft and the fastest setup in the colours in use now.
+
+        The tables keep the colours they were filled in; a change of theme calls this.
+        """
+        for index, verdict in enumerate(self._verdicts):
+            if verdict.can_draft and (cell := self.drafts.item(index, 1)) is not None:
+                cell.setBackground(colours().draft_background)
+        for index, result in enumerate(self._rows):
+            if result is self._winner and (cell := self.results.item(index, 0)) is not None:
+                cell.setBackground(colours().draft_background)
 
     def set_running(self, running: bool) -> None:
         """Lock the budget and Start while the trials run; Cancel only then."""
@@ -308,10 +320,7 @@ class TuningDialog(QDialog):
             index = self.results.rowCount()
             self.results.insertRow(index)
             tip = row.explanation or row.skipped
-            name = _cell(row.label, tip)
-            if row is self._winner:
-                name.setBackground(colours().draft_background)
-            self.results.setItem(index, 0, name)
+            self.results.setItem(index, 0, _cell(row.label, tip))
             if not row.measured:
                 self.results.setItem(index, 1, _cell(row.skipped, row.skipped))
                 self.results.setSpan(index, 1, 1, len(RESULT_COLUMNS) - 1)
@@ -328,6 +337,7 @@ class TuningDialog(QDialog):
             )
             for column, text in enumerate(cells, start=1):
                 self.results.setItem(index, column, _cell(text, tip, right=column < 6))
+        self.recolour()
         if self._rows:
             self.results.selectRow(0)
 

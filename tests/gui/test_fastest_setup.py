@@ -14,6 +14,7 @@ from PySide6.QtTest import QTest
 from backends.engines.load_guard import CRASH_AT_ENV
 from backends.paths import MODELS_DIR_ENV
 from gui.settings import DRAFT_CHOICE_NGRAM, AppSettings
+from gui.style import DARK, LIGHT
 from tests.gui.conftest import engine_wait, smollm_pair_settings
 from tests.gui.test_main_window import LOAD_TIMEOUT_MS, _open_window
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
+    from PySide6.QtGui import QColor
     from pytestqt.qtbot import QtBot
 
     from gui.main_window import MainWindow
@@ -34,6 +36,17 @@ def window(qtbot: QtBot, smollm_path: Path) -> Iterator[MainWindow]:
     window = _open_window(qtbot, smollm_pair_settings(smollm_path, max_tokens=16))
     yield window
     window.shutdown()
+
+
+def marked_rows(dialog: TuningDialog) -> dict[str, QColor]:
+    """The result rows whose setup is marked, by label, with the colour they are marked in."""
+    marked = {}
+    for index in range(dialog.results.rowCount()):
+        cell = dialog.results.item(index, 0)
+        assert cell is not None
+        if cell.background().style() != Qt.BrushStyle.NoBrush:
+            marked[cell.text()] = cell.background().color()
+    return marked
 
 
 def _open_dialog(qtbot: QtBot, window: MainWindow) -> TuningDialog:
@@ -79,6 +92,12 @@ def test_the_trials_run_rank_and_apply_the_fastest_setup(
     assert window.send_button.isEnabled()
     best = tuned.args[0].winner
     assert best is not None
+    # The fastest setup is marked in the draft's colour, and follows a change of theme.
+    assert marked_rows(dialog) == {best.label: LIGHT.draft_background}
+    window.settings.set("theme", "dark")
+    assert marked_rows(dialog) == {best.label: DARK.draft_background}
+    window.settings.set("theme", "light")
+    assert marked_rows(dialog) == {best.label: LIGHT.draft_background}
     hint = window.sidebar.findChild(type(dialog.status), "tuningHint")
     assert hint is not None
     assert hint.text().startswith("Fastest here: ")
