@@ -35,7 +35,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.engines.hardware import available_memory
+from backends.engines.hardware import available_memory, estimate_model_memory
+from backends.engines.interface import DEFAULT_CONTEXT_SIZE
 from backends.errors import SpecDeckError
 from backends.models import hub
 from backends.models.draft_verdict import draft_verdict
@@ -90,6 +91,7 @@ class HubDialog(QDialog):
         self.main = main
         self.main_costs: BatchCosts | None = None
         self.gpu_free: tuple[int, str] | None = None
+        self.context_size = DEFAULT_CONTEXT_SIZE
         self.models_dir = models_dir
         self._token: str | None = None
         self._task: BackgroundTask | None = None  # searching, listing, checking
@@ -186,6 +188,7 @@ class HubDialog(QDialog):
         main: ModelInfo | None,
         main_costs: BatchCosts | None = None,
         gpu_free: tuple[int, str] | None = None,
+        context_size: int = DEFAULT_CONTEXT_SIZE,
     ) -> None:
         """Judge files as drafts for ``main`` from the next listing on (None: no verdicts).
 
@@ -193,10 +196,12 @@ class HubDialog(QDialog):
         ``main_costs``, the main model's batch costs (suggested drafts are ranked with
         them), and ``gpu_free``, the GPUs' free bytes and the first one's name ("Fits
         here" says GPU only then; the window itself never loads llama.cpp's GPU code).
+        ``context_size``: the context a file's fit is judged at once its header is read.
         """
         self.main = main
         self.main_costs = main_costs
         self.gpu_free = gpu_free
+        self.context_size = context_size
         self.main_label.setText(
             f"Main model: <b>{main.display_name}</b>, {main.size_label}: each file says "
             "whether it can draft for it, from its header (a few MB), before it is downloaded"
@@ -330,7 +335,7 @@ class HubDialog(QDialog):
         if item is None:
             return
         repo_id = self._listing_repo = str(item.data(REPO_ROLE))
-        token, main, gpu = self._token, self.main, self.gpu_free
+        token, main, gpu, n_ctx = self._token, self.main, self.gpu_free, self.context_size
         list_files = hub.mlx_folders if self._listed_engine == "mlx" else hub.gguf_files
 
         def work(report: Callable[[object], None], cancel: threading.Event) -> object:
@@ -342,10 +347,14 @@ class HubDialog(QDialog):
                     break
                 assert main is not None
                 try:
-                    summary = draft_verdict(main, hub.remote_model_info(file, token=token)).summary
+                    info = hub.remote_model_info(file, token=token)
                 except SpecDeckError as error:
-                    summary = str(error)
-                report(("verdict", row, summary))
+                    report(("verdict", row, str(error)))
+                    continue
+                # The header says what the model needs at this context: the fit, again.
+                needed = estimate_model_memory(info, n_ctx)
+                report(("fits", row, fits_here(file.size, ram, gpu, needed=needed)))
+                report(("verdict", row, draft_verdict(main, info).summary))
             return len(files)
 
         self._say(f"Listing {repo_id}…")
@@ -360,9 +369,10 @@ class HubDialog(QDialog):
             assert isinstance(first, list)
             assert isinstance(second, list)
             self._fill_files(first, second, CHECKING_TEXT if self.main else "")
-        elif kind == "verdict":
+        elif kind in ("verdict", "fits"):
             assert isinstance(first, int)
-            self.file_table.setItem(first, VERDICT_COLUMN, QTableWidgetItem(str(second)))
+            column = VERDICT_COLUMN if kind == "verdict" else FITS_COLUMN
+            self.file_table.setItem(first, column, QTableWidgetItem(str(second)))
             self.file_table.resizeRowToContents(first)
 
     def _listing_done(self, count: object) -> None:
@@ -379,7 +389,16 @@ class HubDialog(QDialog):
         self._clear_repos()
         ram = available_memory()
         files = [suggestion.file for suggestion in suggestions]
-        self._fill_files(files, [fits_here(file.size, ram, self.gpu_free) for file in files], "")
+        fits = [
+            fits_here(
+                suggestion.file.size,
+                ram,
+                self.gpu_free,
+                needed=estimate_model_memory(suggestion.info, self.context_size),
+            )
+            for suggestion in suggestions
+        ]
+        self._fill_files(files, fits, "")
         for row, suggestion in enumerate(suggestions):
             self.file_table.setItem(row, FILE_COLUMN, QTableWidgetItem(suggestion.file.repo_id))
             verdict = QTableWidgetItem(

@@ -424,7 +424,8 @@ class MainWindow(QMainWindow):
             if gpus
             else None
         )
-        self.hub_dialog.set_main(main, measured, gpu_free)
+        context_size = self.settings.get_int("context_size")
+        self.hub_dialog.set_main(main, measured, gpu_free, context_size)
         self.hub_dialog.show()
         self.hub_dialog.raise_()
         return self.hub_dialog

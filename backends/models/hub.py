@@ -45,7 +45,7 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 HEADER_FIRST_READ = 2 << 20  # bytes: a small vocabulary's whole header
 HEADER_MAX_READ = 64 << 20  # a header longer than this is not read (none seen is over 10 MB)
 TIMEOUT_SECONDS = 20.0  # for each request's connection and each read of it
-MEMORY_OVERHEAD = 1.2  # a model needs about its file's size and a fifth more (context)
+MEMORY_OVERHEAD = 1.2  # before its header is read: its file's size and a fifth more (context)
 HASH_CHUNK = 8 << 20
 PART_SUFFIX = ".part"  # a download under way: what arrived so far (no catalog lists it)
 
@@ -149,9 +149,17 @@ def search(
         ]
 
 
-def fits_here(size: int, ram_free: int, gpu_free: tuple[int, str] | None) -> str:
-    """Whether a model of ``size`` bytes fits in the free RAM (and GPU memory), in words."""
-    needed = size * MEMORY_OVERHEAD
+def fits_here(
+    size: int, ram_free: int, gpu_free: tuple[int, str] | None, *, needed: int | None = None
+) -> str:
+    """Whether a model of ``size`` bytes fits in the free RAM (and GPU memory), in words.
+
+    ``needed``: what it needs loaded, once its header has been read (weights and the KV
+    cache of the context in use, :func:`backends.engines.hardware.estimate_model_memory`);
+    before that, its size and a fifth more.
+    """
+    if needed is None:
+        needed = int(size * MEMORY_OVERHEAD)
     ram = "RAM ✓" if needed <= ram_free else "RAM ✗"
     if gpu_free is None:
         return ram

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from backends.engines.interface import DEFAULT_CONTEXT_SIZE
 from backends.errors import ProvisioningError, SpecDeckError
 from backends.models.provision import (
     DEFAULT_DRAFT_KEY,
@@ -111,6 +112,13 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     files.add_argument("repo", metavar="OWNER/REPO")
     files.add_argument("--draft-for", type=Path, default=None, metavar="MAIN.gguf")
+    files.add_argument(
+        "--ctx",
+        type=int,
+        default=DEFAULT_CONTEXT_SIZE,
+        help="the context a file's fit is judged at, once its header is read (with "
+        f"--draft-for); default: {DEFAULT_CONTEXT_SIZE}",
+    )
     download = commands.add_parser(
         "download",
         parents=[common, hub_token],
@@ -141,8 +149,8 @@ def _run_search(query: str, mlx: bool, limit: int, token: str | None) -> int:
     return 0
 
 
-def _run_files(repo_id: str, draft_for: Path | None, token: str | None) -> int:
-    from backends.engines.hardware import available_memory, gpu_free_memory
+def _run_files(repo_id: str, draft_for: Path | None, token: str | None, n_ctx: int) -> int:
+    from backends.engines.hardware import available_memory, estimate_model_memory, gpu_free_memory
     from backends.models.draft_verdict import draft_verdict
     from backends.models.gguf_info import read_model_info
     from backends.models.hub import cached_copy, fits_here, gguf_files, remote_model_info
@@ -151,15 +159,19 @@ def _run_files(repo_id: str, draft_for: Path | None, token: str | None) -> int:
     ram_free, gpu_free = available_memory(), gpu_free_memory()
     rows = [("FILE", "QUANT", "SIZE", "FITS HERE", *(("AS DRAFT",) if main else ()))]
     for file in gguf_files(repo_id, token=token):
-        fits = fits_here(file.size, ram_free, gpu_free)
-        if file.layout == "file" and cached_copy(file) is not None:
-            fits += " (in the HF cache)"
+        needed: int | None = None
         verdict: tuple[str, ...] = ()
         if main is not None:
             try:
-                verdict = (draft_verdict(main, remote_model_info(file, token=token)).summary,)
+                info = remote_model_info(file, token=token)
             except SpecDeckError as error:  # gated, unreachable, not a model: this row only
                 verdict = (str(error),)
+            else:
+                needed = estimate_model_memory(info, n_ctx)  # at this context, from its header
+                verdict = (draft_verdict(main, info).summary,)
+        fits = fits_here(file.size, ram_free, gpu_free, needed=needed)
+        if file.layout == "file" and cached_copy(file) is not None:
+            fits += " (in the HF cache)"
         rows.append((file.filename, file.quantization, human_size(file.size), fits, *verdict))
     _print_table(rows)
     return 0
@@ -308,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "search":
             return _run_search(args.query, args.mlx, args.limit, args.token)
         if args.command == "files":
-            return _run_files(args.repo, args.draft_for, args.token)
+            if args.ctx < 1:
+                return _fail(f"--ctx must be at least 1 token: {args.ctx}")
+            return _run_files(args.repo, args.draft_for, args.token, args.ctx)
         if args.command == "download":
             return _run_download(args.repo, args.filename, args.token, models_folder)
         if args.command == "login":

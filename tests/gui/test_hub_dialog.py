@@ -12,7 +12,14 @@ from PySide6.QtTest import QTest
 from backends.models import hub
 from backends.models.gguf_info import read_model_info
 from backends.models.hub import fits_here
-from gui.hub_dialog import CHECKING_TEXT, PROGRESS_STEPS, RESUME_TEXT, VERDICT_COLUMN, HubDialog
+from gui.hub_dialog import (
+    CHECKING_TEXT,
+    FITS_COLUMN,
+    PROGRESS_STEPS,
+    RESUME_TEXT,
+    VERDICT_COLUMN,
+    HubDialog,
+)
 from gui.main_window import MainWindow
 from gui.settings import AppSettings
 from tests.conftest import GATED_REPO, SMOLLM_REPO, TOKEN
@@ -29,6 +36,7 @@ if TYPE_CHECKING:
     from pytestqt.qtbot import QtBot
 
 WAIT_MS = 30_000
+HUGE_CONTEXT = 4_000_000  # tokens: no 2-core test machine holds SmolLM2's KV cache of it
 
 
 def open_dialog(qtbot: QtBot, main: Path | None, models: Path) -> HubDialog:
@@ -50,6 +58,8 @@ def test_fits_here_says_ram_and_gpu() -> None:
     assert fits_here(100, 1000, None) == "RAM ✓"
     assert fits_here(1000, 1000, None) == "RAM ✗"  # a fifth more than the file is needed
     assert fits_here(100, 1000, (50, "GPU")) == "RAM ✓ · GPU ✗"
+    assert fits_here(100, 1000, None, needed=1001) == "RAM ✗"  # the header's estimate
+    assert fits_here(1000, 1000, (900, "GPU"), needed=900) == "RAM ✓ · GPU ✓"
 
 
 def test_a_file_says_whether_it_can_draft_before_it_is_downloaded(
@@ -68,6 +78,16 @@ def test_a_file_says_whether_it_can_draft_before_it_is_downloaded(
     search_and_pick(qtbot, same, "smollm2", SMOLLM_REPO)
     qtbot.waitUntil(lambda: same.cell(0, VERDICT_COLUMN) != CHECKING_TEXT, timeout=WAIT_MS)
     assert same.cell(0, VERDICT_COLUMN).startswith("can draft: same tokenizer"), same.cell(0, 4)
+    assert same.cell(0, FITS_COLUMN).startswith("RAM ✓")
+
+    # Once its header is read, the fit counts the KV cache of the context in use: SmolLM2's
+    # 98 MB at 4 million tokens need about 92 GB more (30 layers, K and V of 192 values).
+    huge = open_dialog(qtbot, smollm_path, tmp_path / "models")
+    huge.set_main(huge.main, context_size=HUGE_CONTEXT)
+    search_and_pick(qtbot, huge, "smollm2", SMOLLM_REPO)
+    assert huge.cell(0, FITS_COLUMN).startswith("RAM ✓")  # the size alone, before the header
+    qtbot.waitUntil(lambda: huge.cell(0, VERDICT_COLUMN) != CHECKING_TEXT, timeout=WAIT_MS)
+    assert huge.cell(0, FITS_COLUMN).startswith("RAM ✗")
 
 
 def test_download_pause_mid_file_and_resume_from_there(
