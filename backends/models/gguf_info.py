@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import mmap
@@ -26,7 +27,7 @@ from gguf import (
 from backends.errors import ModelFileError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
 
 # Why not gguf.GGUFReader: it builds a numpy view for every element of every array, so the
 # ~300k token and merge strings of a Qwen2.5 header take 5-6 s to read.  The walk below reads
@@ -307,17 +308,15 @@ def model_info_from_header(header_bytes: bytes, path: Path, file_size: int) -> M
     HeaderNeedsMoreBytes where ``header_bytes`` end inside the header, and ModelFileError
     (one line) as :func:`read_model_info` does for what is not a language model.
     """
-    try:
-        _check_magic(path, header_bytes[: len(_MAGIC_BYTES)], file_size)
-        header = _parse_header(header_bytes, decode_tokens=True)
-    except _TruncatedHeader:
-        raise HeaderNeedsMoreBytes(
-            f"'{path}': the GGUF header goes on past its first {_format_bytes(len(header_bytes))}"
-        ) from None
-    except _CorruptFile as error:
-        raise ModelFileError(_corrupt(path, str(error))) from None
-    except (struct.error, ValueError, IndexError, OverflowError, MemoryError) as error:
-        raise ModelFileError(_corrupt(path, f"{type(error).__name__}: {error}")) from None
+    _check_magic(path, header_bytes[: len(_MAGIC_BYTES)], file_size)
+    with _parser_errors_named(path):
+        try:
+            header = _parse_header(header_bytes, decode_tokens=True)
+        except _TruncatedHeader:
+            raise HeaderNeedsMoreBytes(
+                f"'{path}': the GGUF header goes on past its first "
+                f"{_format_bytes(len(header_bytes))}"
+            ) from None
     _reject_non_models(path, header.metadata)
     return _model_info(path, header, list(header.tensors), file_size)
 
@@ -366,25 +365,21 @@ def _read_checked_header(path: Path, decode_tokens: bool = True) -> _Header:
             file_size = os.fstat(file.fileno()).st_size
             first_bytes = file.read(len(_MAGIC_BYTES))
             _check_magic(path, first_bytes, file_size)
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
-                header = _parse_header(buffer, decode_tokens)
-    except ModelFileError:
-        raise
+            with (
+                _parser_errors_named(path),
+                mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buffer,
+            ):
+                try:
+                    header = _parse_header(buffer, decode_tokens)
+                except _TruncatedHeader:
+                    raise ModelFileError(
+                        _one_line(
+                            f"model file '{path}' is truncated: it ends inside the GGUF header "
+                            f"after {_format_bytes(file_size)} (an incomplete download or copy?)"
+                        )
+                    ) from None
     except OSError as error:
         raise ModelFileError(_os_error_message(path, error)) from None
-    except _TruncatedHeader:
-        raise ModelFileError(
-            _one_line(
-                f"model file '{path}' is truncated: it ends inside the GGUF header "
-                f"after {_format_bytes(file_size)} (an incomplete download or copy?)"
-            )
-        ) from None
-    except _CorruptFile as error:
-        raise ModelFileError(_corrupt(path, str(error))) from None
-    except (struct.error, ValueError, IndexError, OverflowError, MemoryError) as error:
-        # The parser checks bounds itself; this is the net that keeps the promise of
-        # "only ModelFileError" should a malformed file slip past those checks.
-        raise ModelFileError(_corrupt(path, f"{type(error).__name__}: {error}")) from None
 
     needed = max((tensor.end_offset for tensor in header.tensors), default=0)
     if needed > file_size:
@@ -395,6 +390,21 @@ def _read_checked_header(path: Path, decode_tokens: bool = True) -> _Header:
             )
         )
     return header
+
+
+@contextlib.contextmanager
+def _parser_errors_named(path: Path) -> Iterator[None]:
+    """The header parser's errors as one ModelFileError line naming ``path``.
+
+    The parser checks bounds itself; the built-in errors are the net that keeps the promise
+    of "only ModelFileError" should a malformed file slip past those checks.
+    """
+    try:
+        yield
+    except _CorruptFile as error:
+        raise ModelFileError(_corrupt(path, str(error))) from None
+    except (struct.error, ValueError, IndexError, OverflowError, MemoryError) as error:
+        raise ModelFileError(_corrupt(path, f"{type(error).__name__}: {error}")) from None
 
 
 def _check_magic(path: Path, first_bytes: bytes, file_size: int) -> None:
