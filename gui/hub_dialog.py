@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.engines.hardware import available_memory, estimate_model_memory
+from backends.engines.hardware import available_memory
 from backends.engines.interface import DEFAULT_CONTEXT_SIZE
 from backends.errors import SpecDeckError
 from backends.models import hub
@@ -65,7 +65,8 @@ FILE_COLUMN_WIDTH = 330
 REPO_LIST_WIDTH, FILE_TABLE_WIDTH = 280, 840
 DOWNLOAD_TEXT, RESUME_TEXT = "Download", "Resume"
 
-# What a listing reports as it goes: the files, then each file's verdict.
+# What a listing reports as it goes: the files, then for each file read its fit (from its
+# header) and its verdict.
 ListingEvent = tuple[str, object, object]
 
 
@@ -352,8 +353,7 @@ class HubDialog(QDialog):
                     report(("verdict", row, str(error)))
                     continue
                 # The header says what the model needs at this context: the fit, again.
-                needed = estimate_model_memory(info, n_ctx)
-                report(("fits", row, fits_here(file.size, ram, gpu, needed=needed)))
+                report(("fits", row, hub_drafts.fits_at_context(info, n_ctx, ram, gpu)))
                 report(("verdict", row, draft_verdict(main, info).summary))
             return len(files)
 
@@ -387,17 +387,9 @@ class HubDialog(QDialog):
         assert isinstance(result, list)
         suggestions = [s for s in result if isinstance(s, DraftSuggestion)]
         self._clear_repos()
-        ram = available_memory()
+        ram, gpu, n_ctx = available_memory(), self.gpu_free, self.context_size
         files = [suggestion.file for suggestion in suggestions]
-        fits = [
-            fits_here(
-                suggestion.file.size,
-                ram,
-                self.gpu_free,
-                needed=estimate_model_memory(suggestion.info, self.context_size),
-            )
-            for suggestion in suggestions
-        ]
+        fits = [hub_drafts.fits_at_context(s.info, n_ctx, ram, gpu) for s in suggestions]
         self._fill_files(files, fits, "")
         for row, suggestion in enumerate(suggestions):
             self.file_table.setItem(row, FILE_COLUMN, QTableWidgetItem(suggestion.file.repo_id))
@@ -410,7 +402,7 @@ class HubDialog(QDialog):
         self.file_table.resizeRowsToContents()
         main = self.main.display_name if self.main else ""
         self._say(
-            f"{len(suggestions)} drafts that fit {main}"
+            f"{len(suggestions)} drafts for {main}"
             if suggestions
             else "No compatible draft found in its family on the hub"
         )

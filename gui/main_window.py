@@ -734,6 +734,8 @@ class MainWindow(QMainWindow):
                 self.compare_toggle.setChecked(bool(value))
         elif key in ("context_size", "workers"):
             self._update_estimate()
+            if key == "context_size" and self.hub_dialog is not None:
+                self.hub_dialog.context_size = self.settings.get_int(key)  # the next listing
         elif key == "send_key":
             self.input.set_send_with_ctrl(value == "ctrl-enter")
         elif key == "theme":

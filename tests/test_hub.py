@@ -311,13 +311,18 @@ def test_the_command_line_searches_lists_with_verdicts_and_downloads(
     other = run_models_cli(standin, home, "files", SMOLLM_REPO, "--draft-for", str(gemma_path))
     assert "cannot draft" in other.stdout, other.stdout
     assert " RAM ✓ " in row, row
-    # Judged at 4 million tokens of context, once the header is read, it does not fit.
-    huge = ("--draft-for", str(smollm_path), "--ctx", "4000000")
+    # Judged at a billion tokens of context (about 23 TB of KV cache), once the header is
+    # read, it fits on no machine.
+    huge = ("--draft-for", str(smollm_path), "--ctx", "1000000000")
     huge_row = run_models_cli(standin, home, "files", SMOLLM_REPO, *huge).stdout.splitlines()[1]
     assert " RAM ✗ " in huge_row, huge_row
-    bad = run_models_cli(standin, home, "files", SMOLLM_REPO, "--ctx", "0")
-    assert bad.returncode == 1
-    assert bad.stderr.strip() == "specdeck-models: error: --ctx must be at least 1 token: 0"
+    for wrong, said in (
+        (("--draft-for", str(smollm_path), "--ctx", "0"), "--ctx must be at least 1 token: 0"),
+        (("--ctx", "8192"), "--ctx needs --draft-for (a file's header is read only with it)"),
+    ):
+        bad = run_models_cli(standin, home, "files", SMOLLM_REPO, *wrong)
+        assert bad.returncode == 1
+        assert bad.stderr.strip() == f"specdeck-models: error: {said}"
 
     models = tmp_path / "cli-models"
     fetched = run_models_cli(

@@ -12,11 +12,13 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from backends.engines.hardware import estimate_model_memory
 from backends.errors import SpecDeckError
 from backends.models.draft_verdict import draft_verdict
 from backends.models.hub import (
     HubEngine,
     HubFile,
+    fits_here,
     gguf_files,
     mlx_folders,
     remote_model_info,
@@ -34,6 +36,18 @@ SEARCH_LIMIT = 40  # the family's repos looked at, most downloaded first
 _INSTRUCT_PATTERN = re.compile(r"instruct|chat|(?<![a-z])it(?![a-z])", re.IGNORECASE)
 _SIZE_PATTERN = re.compile(r"(?<![A-Za-z0-9.])(\d+(?:\.\d+)?)\s*([BM])(?![A-Za-z])", re.IGNORECASE)
 _NAME_NOISE = re.compile(r"\b(gguf|instruct|chat|it)\b", re.IGNORECASE)
+
+
+def fits_at_context(
+    info: ModelInfo, n_ctx: int, ram_free: int, gpu_free: tuple[int, str] | None
+) -> str:
+    """Whether a file whose header has been read fits here at ``n_ctx`` tokens of context.
+
+    The model alone, as :func:`estimate_model_memory` counts it (weights and KV cache),
+    against the free memory; the load check counts the pair with some headroom.
+    """
+    needed = estimate_model_memory(info, n_ctx)
+    return fits_here(info.file_size, ram_free, gpu_free, needed=needed)
 
 
 @dataclass(frozen=True)

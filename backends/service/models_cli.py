@@ -115,7 +115,7 @@ def _build_parser() -> argparse.ArgumentParser:
     files.add_argument(
         "--ctx",
         type=int,
-        default=DEFAULT_CONTEXT_SIZE,
+        default=None,
         help="the context a file's fit is judged at, once its header is read (with "
         f"--draft-for); default: {DEFAULT_CONTEXT_SIZE}",
     )
@@ -150,16 +150,17 @@ def _run_search(query: str, mlx: bool, limit: int, token: str | None) -> int:
 
 
 def _run_files(repo_id: str, draft_for: Path | None, token: str | None, n_ctx: int) -> int:
-    from backends.engines.hardware import available_memory, estimate_model_memory, gpu_free_memory
+    from backends.engines.hardware import available_memory, gpu_free_memory
     from backends.models.draft_verdict import draft_verdict
     from backends.models.gguf_info import read_model_info
     from backends.models.hub import cached_copy, fits_here, gguf_files, remote_model_info
+    from backends.service.hub_drafts import fits_at_context
 
     main = read_model_info(draft_for) if draft_for is not None else None
     ram_free, gpu_free = available_memory(), gpu_free_memory()
     rows = [("FILE", "QUANT", "SIZE", "FITS HERE", *(("AS DRAFT",) if main else ()))]
     for file in gguf_files(repo_id, token=token):
-        needed: int | None = None
+        fits = fits_here(file.size, ram_free, gpu_free)
         verdict: tuple[str, ...] = ()
         if main is not None:
             try:
@@ -167,9 +168,8 @@ def _run_files(repo_id: str, draft_for: Path | None, token: str | None, n_ctx: i
             except SpecDeckError as error:  # gated, unreachable, not a model: this row only
                 verdict = (str(error),)
             else:
-                needed = estimate_model_memory(info, n_ctx)  # at this context, from its header
+                fits = fits_at_context(info, n_ctx, ram_free, gpu_free)  # from its header
                 verdict = (draft_verdict(main, info).summary,)
-        fits = fits_here(file.size, ram_free, gpu_free, needed=needed)
         if file.layout == "file" and cached_copy(file) is not None:
             fits += " (in the HF cache)"
         rows.append((file.filename, file.quantization, human_size(file.size), fits, *verdict))
@@ -320,9 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "search":
             return _run_search(args.query, args.mlx, args.limit, args.token)
         if args.command == "files":
-            if args.ctx < 1:
+            if args.ctx is not None and args.draft_for is None:
+                return _fail("--ctx needs --draft-for (a file's header is read only with it)")
+            if args.ctx is not None and args.ctx < 1:
                 return _fail(f"--ctx must be at least 1 token: {args.ctx}")
-            return _run_files(args.repo, args.draft_for, args.token, args.ctx)
+            n_ctx = DEFAULT_CONTEXT_SIZE if args.ctx is None else args.ctx
+            return _run_files(args.repo, args.draft_for, args.token, n_ctx)
         if args.command == "download":
             return _run_download(args.repo, args.filename, args.token, models_folder)
         if args.command == "login":

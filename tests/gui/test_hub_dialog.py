@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from pytestqt.qtbot import QtBot
 
 WAIT_MS = 30_000
-HUGE_CONTEXT = 4_000_000  # tokens: no 2-core test machine holds SmolLM2's KV cache of it
+HUGE_CONTEXT = 4_000_000  # tokens: SmolLM2's KV cache of it is about 92 GB
 
 
 def open_dialog(qtbot: QtBot, main: Path | None, models: Path) -> HubDialog:
@@ -80,14 +81,39 @@ def test_a_file_says_whether_it_can_draft_before_it_is_downloaded(
     assert same.cell(0, VERDICT_COLUMN).startswith("can draft: same tokenizer"), same.cell(0, 4)
     assert same.cell(0, FITS_COLUMN).startswith("RAM ✓")
 
-    # Once its header is read, the fit counts the KV cache of the context in use: SmolLM2's
-    # 98 MB at 4 million tokens need about 92 GB more (30 layers, K and V of 192 values).
-    huge = open_dialog(qtbot, smollm_path, tmp_path / "models")
-    huge.set_main(huge.main, context_size=HUGE_CONTEXT)
-    search_and_pick(qtbot, huge, "smollm2", SMOLLM_REPO)
-    assert huge.cell(0, FITS_COLUMN).startswith("RAM ✓")  # the size alone, before the header
-    qtbot.waitUntil(lambda: huge.cell(0, VERDICT_COLUMN) != CHECKING_TEXT, timeout=WAIT_MS)
-    assert huge.cell(0, FITS_COLUMN).startswith("RAM ✗")
+
+def test_once_its_header_is_read_a_file_s_fit_counts_the_context(
+    qtbot: QtBot,
+    standin: HubStandin,
+    smollm_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SmolLM2's 98 MB fit in 8 GB free; its KV cache at 4 million tokens (30 layers, K and V
+    of 192 values each) does not: the fit says so once the header has been read."""
+    monkeypatch.setattr("gui.hub_dialog.available_memory", lambda: 8 << 30)
+    header_wanted, header_may_go = threading.Event(), threading.Event()
+    read_header = hub.remote_model_info
+
+    def held(file: hub.HubFile, token: str | None = None) -> object:
+        header_wanted.set()
+        assert header_may_go.wait(WAIT_MS / 1000)
+        return read_header(file, token=token)
+
+    monkeypatch.setattr(hub, "remote_model_info", held)
+    dialog = open_dialog(qtbot, smollm_path, tmp_path / "models")
+    dialog.set_main(dialog.main, context_size=HUGE_CONTEXT)
+    dialog.query_edit.setText("smollm2")
+    QTest.mouseClick(dialog.search_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: SMOLLM_REPO in dialog.repo_ids(), timeout=WAIT_MS)
+    dialog.repo_list.setCurrentRow(dialog.repo_ids().index(SMOLLM_REPO))
+    qtbot.waitUntil(header_wanted.is_set, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: dialog.file_table.rowCount() > 0, timeout=WAIT_MS)
+    assert dialog.cell(0, FITS_COLUMN) == "RAM ✓"  # its size alone, before the header
+    header_may_go.set()
+    qtbot.waitUntil(lambda: dialog.cell(0, VERDICT_COLUMN) != CHECKING_TEXT, timeout=WAIT_MS)
+    assert dialog.cell(0, FITS_COLUMN) == "RAM ✗"
+    assert dialog.cell(0, VERDICT_COLUMN).startswith("can draft: same tokenizer")
 
 
 def test_download_pause_mid_file_and_resume_from_there(

@@ -10,16 +10,20 @@ from pygments.token import Keyword
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication, QLabel
 
+from backends.models.draft_verdict import draft_verdict
+from backends.models.gguf_info import read_model_info
 from backends.speculation.types import TokenOrigin
 from gui.chat_pane import ChatPane
 from gui.main_window import MainWindow
 from gui.settings import AppSettings
 from gui.style import DARK, LIGHT, colours
 from gui.theme import MUTED_TEXT_STYLE, apply_theme, colours_for, keep_styled, text_colour
+from gui.tuning_dialog import TuningDialog
 from tests.gui.test_chat_pane import CODE_ANSWER, answer_formats, stream
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
     from pytestqt.qtbot import QtBot
 
@@ -147,3 +151,27 @@ def test_the_theme_setting_switches_the_window_at_once(qtbot: QtBot) -> None:
     assert answer_formats(window.chat, "def")[0].background().color() == (
         LIGHT.draft_background_in_code
     )
+
+
+def test_the_fastest_setup_dialog_marks_its_drafts_again_in_the_new_colours(
+    qtbot: QtBot, smollm_path: Path, tmp_path: Path
+) -> None:
+    """A draft that can draft is marked in the draft's colour, light or dark, after a switch."""
+    main = read_model_info(smollm_path)
+    twin = tmp_path / "twin.gguf"  # the same file under another name: it can draft
+    twin.symlink_to(smollm_path)
+    verdicts = [draft_verdict(main, read_model_info(twin))]
+    assert verdicts[0].can_draft
+    dialog = TuningDialog()
+    qtbot.addWidget(dialog)
+    dialog.set_context(main.display_name, "the suite's 3 prompts", verdicts)
+
+    def marked() -> QColor:
+        cell = dialog.drafts.item(0, 1)
+        assert cell is not None
+        return cell.background().color()
+
+    assert marked() == LIGHT.draft_background
+    apply_theme(application(), "dark")
+    dialog.recolour()
+    assert marked() == DARK.draft_background
