@@ -1,4 +1,7 @@
-"""Slow subprocess runs of the suite, started when the session starts, on the idle core.
+"""Slow subprocess runs of the suite, started when the session starts (on request) on the idle core.
+
+Off unless ``SPECDECK_TEST_PRESTART=1`` (see :data:`PRESTART_ENV`): then each marked test
+runs its command itself when it comes, as if this module were not there.
 
 Some tests run one command in a process of its own that takes tens of seconds: a bench or
 the GPU check on lavapipe (a Vulkan GPU emulated on the CPU), MLX on its one-threaded CPU
